@@ -1,0 +1,51 @@
+"""Shared pytest fixtures: the tiny synthetic GGUF models and the test markers.
+
+Fixtures:
+    tiny_model_path: a 2-layer ``llama`` GGUF with a ChatML template (session scope).
+    tiny_gemma3_path: a 3-layer ``gemma3`` GGUF with sliding-window layers, whose
+        sequence state blobs hold a base and an SWA cache section (session scope).
+
+Both are built once per session into a pytest temporary directory, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# ``tests`` has no ``__init__.py``; make ``tests.fixtures`` importable however pytest
+# was started (``pytest`` does not put the working directory on ``sys.path``,
+# ``python -m pytest`` does).
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(_REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(_REPO_ROOT))
+
+from tests.fixtures.tiny_gguf import build_tiny_gguf  # noqa: E402
+
+_MARKERS: dict[str, str] = {
+    "integration": "needs the real default model (gemma-3-270m); slow",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the project's markers unless pyproject.toml already declares them."""
+    declared = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
+    for name, description in _MARKERS.items():
+        if name not in declared:
+            config.addinivalue_line("markers", f"{name}: {description}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a tiny random-weight ``llama`` GGUF (ChatML template, 641 tokens)."""
+    return build_tiny_gguf(tmp_path_factory.mktemp("tiny-llama") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a tiny random-weight ``gemma3`` GGUF (iSWA: window 16 on layers 0-1)."""
+    return build_tiny_gguf(
+        tmp_path_factory.mktemp("tiny-gemma3") / "tiny-gemma3.gguf", arch="gemma3"
+    )
