@@ -1,0 +1,60 @@
+"""agentmem — a memory layer for multi-agent LLM apps on one local llama.cpp model.
+
+Every agent keeps its KV state: live in a llama.cpp sequence, or parked in RAM,
+so switching agents costs a restore (milliseconds) instead of a re-prefill.
+
+>>> from agentmem import MemoryPool
+>>> pool = MemoryPool(resident_agents=2)                      # doctest: +SKIP
+>>> pool.chat("planner", [{"role": "user", "content": "Hi"}]).text   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agentmem.config import PoolConfig
+from agentmem.errors import (
+    AgentMemError,
+    ArchiveError,
+    CodecError,
+    ConfigError,
+    ContextOverflowError,
+    EngineError,
+    FingerprintMismatch,
+    MessageError,
+    ModelError,
+    ModelNotFoundError,
+    PolicyError,
+    StateError,
+    UnknownAgentError,
+)
+from agentmem.memory.pool import ChatResult, ChatStream, MemoryPool, Timings, Usage
+from agentmem.model import resolve_model_path
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentMemError",
+    "ArchiveError",
+    "ChatResult",
+    "ChatStream",
+    "CodecError",
+    "ConfigError",
+    "ContextOverflowError",
+    "EngineError",
+    "FingerprintMismatch",
+    "MemoryPool",
+    "MessageError",
+    "ModelError",
+    "ModelNotFoundError",
+    "PolicyError",
+    "PoolConfig",
+    "StateError",
+    "Timings",
+    "UnknownAgentError",
+    "Usage",
+    "__version__",
+    "resolve_model_path",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -1,0 +1,181 @@
+"""Sampling: llama.cpp's sampler chain, stop strings and incremental detokenization.
+
+* :class:`SamplingParams` — the knobs of one generation (typed, validated).
+* :class:`Sampler` — a native ``llama_sampler`` chain built from them (greedy,
+  or penalties → top-k → top-p → min-p → temperature → seeded draw; a GBNF
+  grammar first when given). Frees itself.
+* :class:`TextAssembler` — turns sampled tokens into text safely: UTF-8 split
+  across tokens, stop strings (text is held back while it could still be the
+  start of a stop string, so streaming never emits a partial stop).
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import llama_cpp as _ll
+
+from agentmem.errors import ConfigError, EngineError
+
+__all__ = ["Sampler", "SamplingParams", "TextAssembler"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to pick tokens.
+
+    Attributes:
+        max_tokens: tokens to generate at most.
+        temperature: ``0`` means greedy (deterministic).
+        top_k: keep the k most likely tokens (``0`` = off).
+        top_p: nucleus sampling mass (``1.0`` = off).
+        min_p: drop tokens below ``min_p`` × the top probability (``0`` = off).
+        repeat_penalty: penalty for tokens among the last ``repeat_last_n`` (``1.0`` = off).
+        repeat_last_n: window for ``repeat_penalty``.
+        seed: seed of the random draw (ignored when greedy).
+        stop: strings that end the generation; they are not included in the text.
+        grammar: a GBNF grammar (root rule ``root``) constraining the output.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = 0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ConfigError(f"max_tokens must be a non-negative int, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repeat_penalty <= 0:
+            raise ConfigError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
+
+    @classmethod
+    def make(cls, *, stop: str | Sequence[str] | None = None, **kw: object) -> SamplingParams:
+        """Build from loose arguments (``stop`` may be a string, list or None)."""
+        if stop is None:
+            stops: tuple[str, ...] = ()
+        elif isinstance(stop, str):
+            stops = (stop,)
+        else:
+            stops = tuple(stop)
+        return cls(stop=stops, **{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
+
+
+class Sampler:
+    """A native sampler chain for one generation (frees itself)."""
+
+    def __init__(self, vocab: int, n_vocab: int, params: SamplingParams) -> None:
+        self._ptr = None
+        sp = _ll.llama_sampler_chain_default_params()
+        sp.no_perf = True
+        chain = _ll.llama_sampler_chain_init(sp)
+        if not chain:
+            raise EngineError("llama_sampler_chain_init failed")
+        self._ptr = chain
+        add = lambda s: _ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if params.grammar:
+            g = _ll.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            if not g:
+                self.close()
+                raise ConfigError("invalid GBNF grammar (llama_sampler_init_grammar returned NULL)")
+            add(g)
+        if params.repeat_penalty != 1.0:
+            add(_ll.llama_sampler_init_penalties(params.repeat_last_n, params.repeat_penalty, 0.0, 0.0))
+        if params.temperature == 0.0:
+            add(_ll.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(_ll.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(_ll.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(_ll.llama_sampler_init_min_p(params.min_p, 1))
+            add(_ll.llama_sampler_init_temp(params.temperature))
+            add(_ll.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+
+    def sample(self, ctx_ptr: int, idx: int) -> int:
+        """Sample (and accept) the next token from the logits at batch index ``idx``."""
+        return _ll.llama_sampler_sample(self._ptr, ctx_ptr, idx)
+
+    def close(self) -> None:
+        if self._ptr:
+            _ll.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class TextAssembler:
+    """Accumulate token bytes into text, honouring stop strings.
+
+    ``push(piece)`` returns the text that is safe to emit now; ``stopped`` is set
+    when a stop string appeared (the text before it is the final text).
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stop = tuple(stop)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self.text = ""  # everything decoded so far (before any stop)
+        self._emitted = 0
+        self.stopped = False
+
+    def push(self, piece: bytes) -> str:
+        if self.stopped:
+            return ""
+        self.text += self._dec.decode(piece)
+        if self._stop:
+            # search only the region a new stop string could start in
+            start = max(0, self._emitted - self._hold)
+            cut = -1
+            for s in self._stop:
+                j = self.text.find(s, start)
+                if j != -1 and (cut == -1 or j < cut):
+                    cut = j
+            if cut != -1:
+                self.text = self.text[:cut]
+                self.stopped = True
+                out = self.text[self._emitted :]
+                self._emitted = len(self.text)
+                return out
+            safe = len(self.text) - self._hold
+        else:
+            safe = len(self.text)
+        if safe > self._emitted:
+            out = self.text[self._emitted : safe]
+            self._emitted = safe
+            return out
+        return ""
+
+    def flush(self) -> str:
+        """Emit what was held back (call at the end of generation)."""
+        if not self.stopped:
+            self.text += self._dec.decode(b"", final=True)
+        out = self.text[self._emitted :]
+        self._emitted = len(self.text)
+        return out
+

@@ -1,0 +1,110 @@
+"""The exception tree of agentmem.
+
+Every error agentmem raises on purpose derives from :class:`AgentMemError`, so an
+application can catch the whole family with one ``except``::
+
+    AgentMemError
+    ├── ConfigError              a configuration value is invalid (names the field)
+    ├── ModelError               the model cannot be found, loaded or used
+    │   └── ModelNotFoundError   no model at the path / default model not installed
+    ├── MessageError             a chat message is malformed (names the field)
+    ├── ContextOverflowError     a prompt does not fit the agent's context
+    ├── EngineError              a llama.cpp call failed (names the call and code)
+    ├── StateError               a KV state cannot be stored or restored
+    │   ├── CodecError           a state blob cannot be parsed / encoded / decoded
+    │   └── FingerprintMismatch  a stored state belongs to another model/config
+    ├── ArchiveError             the SQLite archive is unusable (names the file)
+    ├── UnknownAgentError        an operation names an agent the pool does not know
+    └── PolicyError              an unknown policy / codec name (lists the valid ones)
+
+Errors a caller may treat as a *cache miss* (the pool itself does): ``StateError``
+and its children. The pool falls back to re-prefilling from the ledger when one
+of them occurs during a restore, logs a warning and counts it in ``stats()``.
+
+``ValueError``/``TypeError`` compatibility: ``ConfigError``, ``MessageError`` and
+``PolicyError`` also derive from ``ValueError`` so code written against plain
+Python conventions keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentMemError",
+    "ArchiveError",
+    "CodecError",
+    "ConfigError",
+    "ContextOverflowError",
+    "EngineError",
+    "FingerprintMismatch",
+    "MessageError",
+    "ModelError",
+    "ModelNotFoundError",
+    "PolicyError",
+    "StateError",
+    "UnknownAgentError",
+]
+
+
+class AgentMemError(Exception):
+    """Root of every error agentmem raises on purpose."""
+
+
+class ConfigError(AgentMemError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class ModelError(AgentMemError):
+    """The model cannot be loaded or used."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """No model file was found; the message says how to install or point to one."""
+
+
+class MessageError(AgentMemError, ValueError):
+    """A chat message is malformed; the message names the offending field."""
+
+
+class ContextOverflowError(AgentMemError):
+    """A prompt does not fit into the agent's context capacity.
+
+    Attributes:
+        n_tokens: tokens the prompt needs.
+        capacity: tokens the agent may hold.
+    """
+
+    def __init__(self, message: str, *, n_tokens: int, capacity: int) -> None:
+        super().__init__(message)
+        self.n_tokens = n_tokens
+        self.capacity = capacity
+
+
+class EngineError(AgentMemError):
+    """A llama.cpp call failed; the message names the call and its return code."""
+
+
+class StateError(AgentMemError):
+    """A KV state could not be captured, stored or restored (a cache miss)."""
+
+
+class CodecError(StateError):
+    """A state blob could not be parsed, encoded, verified or decoded."""
+
+
+class FingerprintMismatch(StateError):
+    """A stored state was produced by another model or cache configuration."""
+
+
+class ArchiveError(AgentMemError):
+    """The SQLite archive cannot be opened or used; the message names the file."""
+
+
+class UnknownAgentError(AgentMemError, KeyError):
+    """An operation named an agent that the pool does not know."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class PolicyError(AgentMemError, ValueError):
+    """An unknown policy or codec name; the message lists the valid names."""
