@@ -353,8 +353,9 @@ class JinjaFormat(ChatFormat):
             while b < lim and part[b] == full[b]:
                 b += 1
             if b > prev:
-                role = messages[k].role
-                segs.append(Segment(full[prev:b], {"tool": "tool_result"}.get(role, role), k, messages[k].pin))
+                m = messages[k]
+                region = "tool_call" if m.tool_calls else {"tool": "tool_result"}.get(m.role, m.role)
+                segs.append(Segment(full[prev:b], region, k, m.pin))
                 prev = b
         if prev < len(full):
             segs.append(Segment(full[prev:], "assistant", -1))

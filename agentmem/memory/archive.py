@@ -1110,7 +1110,11 @@ class Archive:
             return None
         info = self._state_info(row)
         blob = row[8]
-        blob = bytes(blob) if not isinstance(blob, bytes) else blob
+        if not isinstance(blob, bytes):
+            raise CodecError(
+                f"{self.path}: state of agent {agent_id!r} is corrupt: blob column holds "
+                f"{type(blob).__name__}, not bytes"
+            )
         if len(blob) != info.n_bytes:
             raise CodecError(
                 f"{self.path}: state of agent {agent_id!r} is truncated: "
@@ -1370,10 +1374,16 @@ class Archive:
         if row is None:
             return None
         info = self._block_info(row)
-        blob = bytes(row[8])
-        bad = _verify_checksum(info.checksum, blob) if len(blob) == info.n_bytes else "length"
+        blob = row[8]
+        if not isinstance(blob, bytes):
+            bad: str | None = f"blob column holds {type(blob).__name__}"
+        elif len(blob) != info.n_bytes:
+            bad = f"{len(blob)} bytes stored, {info.n_bytes} expected"
+        else:
+            computed = _verify_checksum(info.checksum, blob)
+            bad = None if computed is None else f"checksum {computed[:23]}… computed"
         if bad is not None:
-            raise CodecError(f"{self.path}: shared block {block_id!r} is corrupt ({len(blob)} bytes, checksum {bad[:23]})")
+            raise CodecError(f"{self.path}: shared block {block_id!r} is corrupt: {bad}")
         return SharedBlock(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)}, blob=blob)
 
     def list_shared_blocks(self) -> list[SharedBlockInfo]:

@@ -1,0 +1,40 @@
+# agentmem — two commands on a fresh machine:
+#   make demo   set everything up, run a multi-agent team on the bundled model
+#   make test   set everything up, run the test suite
+# The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
+# 2 cores); pip caches the wheel. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
+# For Metal (macOS): CMAKE_ARGS="-DGGML_METAL=on" make demo
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.agentmem-installed
+EXTRAS ?= model,langchain,autogen,baselines,dev,docs
+
+.PHONY: install demo test test-unit bench docs clean
+
+$(STAMP): pyproject.toml $(wildcard setup.py)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/team_demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not integration"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/switch.py
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+clean:
+	rm -rf build dist *.egg-info site .pytest_cache

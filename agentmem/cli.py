@@ -1,0 +1,272 @@
+"""The ``agentmem`` command.
+
+``main(argv)`` builds one argparse parser with a subcommand per area and runs
+the chosen handler. Each area registers itself through a function in
+:data:`COMMANDS` that adds its subparser and sets ``handler`` on it, so a new
+area (``bench``…) is one more function in that list.
+
+Commands today::
+
+    agentmem archive ls PATH [--json]
+    agentmem archive show PATH AGENT [--events N] [--json]
+    agentmem archive rm PATH AGENT [AGENT ...]
+    agentmem archive vacuum PATH
+    agentmem archive search PATH QUERY [--agent AGENT] [-k K]
+
+Errors agentmem raises on purpose (and OS errors) print one line on stderr and
+exit with status 2, without a traceback. ``ls``, ``show`` and ``search`` open
+the archive read-only, so they work while a pool is using it; ``rm`` and
+``vacuum`` need the archive's exclusive lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentmem.errors import AgentMemError, UnknownAgentError
+
+__all__ = ["COMMANDS", "build_parser", "human_bytes", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def human_bytes(n: int | float) -> str:
+    """Format a byte count with binary units.
+
+    Example:
+        >>> human_bytes(0), human_bytes(1536), human_bytes(18_400_000)
+        ('0 B', '1.5 KiB', '17.5 MiB')
+    """
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _open(path: str, *, readonly: bool) -> Any:
+    # Imported here so `agentmem --help` stays fast and independent of numpy.
+    from agentmem.memory.archive import Archive
+
+    return Archive(path, readonly=readonly)
+
+
+# --------------------------------------------------------------------------- archive
+
+
+def _archive_ls(args: argparse.Namespace) -> int:
+    with _open(args.path, readonly=True) as arc:
+        agents = arc.list_agents()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(a) | {"n_bytes": a.n_bytes} for a in agents], indent=2))
+        return EXIT_OK
+    if not agents:
+        print(f"{args.path}: no agents")
+        return EXIT_OK
+    rows = [
+        (a.agent_id, a.priority, a.ledger_tokens, a.tier or "-", a.codec or "-",
+         human_bytes(a.n_bytes), _when(a.updated))
+        for a in agents
+    ]
+    print(_table(("AGENT", "PRIORITY", "TOKENS", "TIER", "CODEC", "BYTES", "UPDATED"), rows, {2, 5}))
+    total = sum(a.n_bytes for a in agents)
+    print(f"{len(agents)} agent(s), {human_bytes(total)}")
+    return EXIT_OK
+
+
+def _archive_show(args: argparse.Namespace) -> int:
+    with _open(args.path, readonly=True) as arc:
+        agent = arc.get_agent(args.agent)
+        if agent is None:
+            raise UnknownAgentError(f"{args.path}: no agent {args.agent!r}")
+        ledger = arc.get_ledger(args.agent)
+        state = arc.get_state_info(args.agent)
+        events = arc.events(args.agent, limit=args.events)
+        n_evicted = len(arc.list_evicted(args.agent))
+    if args.json:
+        out = {
+            "agent": dataclasses.asdict(agent),
+            "ledger": None if ledger is None else {
+                "n_tokens": ledger.n_tokens, "regions": ledger.regions,
+                "n_messages": None if ledger.messages is None else len(ledger.messages),
+            },
+            "state": None if state is None else dataclasses.asdict(state),
+            "evicted_spans": n_evicted,
+            "events": [dataclasses.asdict(e) for e in events],
+        }
+        print(json.dumps(out, indent=2, default=str))
+        return EXIT_OK
+    print(f"agent     {agent.agent_id}")
+    print(f"priority  {agent.priority}")
+    print(f"labels    {json.dumps(agent.labels, ensure_ascii=False)}")
+    print(f"created   {_when(agent.created)}")
+    print(f"updated   {_when(agent.updated)}")
+    print()
+    if ledger is None:
+        print("ledger    none")
+    else:
+        n_msgs = "-" if ledger.messages is None else len(ledger.messages)
+        print(f"ledger    {ledger.n_tokens} tokens, {len(ledger.regions)} spans, {n_msgs} messages")
+        spans: Counter[str] = Counter()
+        tokens: Counter[str] = Counter()
+        for start, end, region, _flags in ledger.regions:
+            spans[region] += 1
+            tokens[region] += end - start
+        if spans:
+            rows = [(r, spans[r], tokens[r]) for r in sorted(spans)]
+            print(_indent(_table(("REGION", "SPANS", "TOKENS"), rows, {1, 2})))
+    print(f"evicted   {n_evicted} span(s) archived")
+    if state is None:
+        print("state     none")
+    else:
+        print(f"state     {state.tier}, {state.codec}, {state.n_tokens} tokens, "
+              f"{human_bytes(state.n_bytes)}, stored {_when(state.created)}")
+        print(f"checksum  {state.checksum}")
+        print(f"fingerprint {json.dumps(state.fingerprint, sort_keys=True)}")
+    print()
+    if not events:
+        print("events    none")
+    else:
+        print(f"events    (newest {len(events)})")
+        rows = [(_when(e.ts), e.kind, json.dumps(e.data, ensure_ascii=False)) for e in events]
+        print(_indent(_table(("TIME", "KIND", "DATA"), rows, set())))
+    return EXIT_OK
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _archive_rm(args: argparse.Namespace) -> int:
+    with _open(args.path, readonly=False) as arc:
+        missing = [a for a in args.agents if arc.get_agent(a) is None]
+        if missing:
+            raise UnknownAgentError(f"{args.path}: no agent {', '.join(map(repr, missing))}; nothing removed")
+        with arc.transaction():
+            for agent_id in args.agents:
+                arc.delete_agent(agent_id)
+    for agent_id in args.agents:
+        print(f"removed {agent_id}")
+    return EXIT_OK
+
+
+def _archive_vacuum(args: argparse.Namespace) -> int:
+    with _open(args.path, readonly=False) as arc:
+        result = arc.vacuum()
+    saved = result.bytes_before - result.bytes_after
+    print(f"{args.path}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
+          f"({human_bytes(saved)} freed)")
+    return EXIT_OK
+
+
+def _archive_search(args: argparse.Namespace) -> int:
+    with _open(args.path, readonly=True) as arc:
+        hits = arc.search_evicted(args.agent, args.query, k=args.k)
+    if not hits:
+        print("no matches")
+        return EXIT_OK
+    for h in hits:
+        text = " ".join(h.text.split())
+        text = text if len(text) <= 100 else text[:97] + "..."
+        print(f"{h.score:7.3f}  {h.agent_id}  [{h.start}:{h.end}] {h.region}  {text}")
+    return EXIT_OK
+
+
+def _add_archive_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("archive", help="inspect and maintain an agentmem SQLite archive")
+    cmds = p.add_subparsers(dest="archive_command", metavar="COMMAND", required=True)
+
+    ls = cmds.add_parser("ls", help="list agents with tokens, tier, codec and bytes")
+    ls.add_argument("path", metavar="PATH")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(handler=_archive_ls)
+
+    show = cmds.add_parser("show", help="show one agent: record, ledger, state, events")
+    show.add_argument("path", metavar="PATH")
+    show.add_argument("agent", metavar="AGENT")
+    show.add_argument("--events", type=int, default=10, metavar="N", help="recent events to show (10)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=_archive_show)
+
+    rm = cmds.add_parser("rm", help="delete agents with their ledger, state and history")
+    rm.add_argument("path", metavar="PATH")
+    rm.add_argument("agents", metavar="AGENT", nargs="+")
+    rm.set_defaults(handler=_archive_rm)
+
+    vac = cmds.add_parser("vacuum", help="compact the file; prints bytes before/after")
+    vac.add_argument("path", metavar="PATH")
+    vac.set_defaults(handler=_archive_vacuum)
+
+    search = cmds.add_parser("search", help="full-text search of evicted text")
+    search.add_argument("path", metavar="PATH")
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("--agent", default=None, help="only this agent's spans")
+    search.add_argument("-k", type=int, default=5, help="results (5)")
+    search.set_defaults(handler=_archive_search)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_archive_commands]
+"""Functions that each add one top-level subcommand (with ``handler`` defaults)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``agentmem`` argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="agentmem", description="agentmem command-line tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``agentmem`` command; returns the exit status.
+
+    Args:
+        argv: arguments without the program name; ``None`` reads ``sys.argv``.
+
+    Returns:
+        0 on success, 2 on errors (usage errors exit through argparse with 2).
+
+    Example:
+        >>> main(["archive", "ls", "/nonexistent/agents.db"])
+        2
+    """
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (AgentMemError, OSError) as exc:
+        print(f"agentmem: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("agentmem: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""AutoGen integration of agentmem (filled in by the AutoGen issue)."""

@@ -1,0 +1,1 @@
+"""LangChain integration of agentmem (filled in by the LangChain issue)."""

@@ -1,0 +1,57 @@
+"""TextAssembler (stop strings, UTF-8), SamplingParams validation and the Ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentmem.engine.chat_format import Span
+from agentmem.engine.sampling import SamplingParams, TextAssembler
+from agentmem.errors import ConfigError
+from agentmem.memory.ledger import Ledger
+
+
+def feed(asm, pieces):
+    out = [asm.push(p) for p in pieces]
+    out.append(asm.flush())
+    return "".join(out)
+
+
+def test_stop_string_split_across_tokens_is_never_emitted():
+    asm = TextAssembler(["STOP"])
+    emitted = feed(asm, [b"hello S", b"TO", b"P world"])
+    assert emitted == "hello " and asm.stopped and asm.text == "hello "
+
+
+def test_utf8_split_across_tokens():
+    data = "héllo ✓".encode()
+    asm = TextAssembler([])
+    assert feed(asm, [data[i : i + 1] for i in range(len(data))]) == "héllo ✓"
+
+
+def test_earliest_stop_wins():
+    asm = TextAssembler(["b", "a"])
+    assert feed(asm, [b"xxabyy"]) == "xx"
+
+
+def test_sampling_params_validation():
+    assert SamplingParams.make(stop="x").stop == ("x",)
+    with pytest.raises(ConfigError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SamplingParams(max_tokens=-1)
+    with pytest.raises(ConfigError, match="stop"):
+        SamplingParams.make(stop=[""])
+
+
+def test_ledger_grow_truncate_and_merge_spans():
+    led = Ledger()
+    led.extend(list(range(300)), [Span(0, 100, "system"), Span(100, 300, "user")])
+    led.extend([7, 8], region="assistant")
+    led.extend([9], region="assistant")
+    assert len(led) == 303
+    assert led.spans[-1] == Span(300, 303, "assistant")
+    assert led.common_prefix(list(range(150)) + [0]) == 150
+    led.truncate(120)
+    assert led.region_counts() == {"system": 100, "user": 20}
+    with pytest.raises(ValueError):
+        led.tokens[0] = 5  # read-only view
