@@ -306,13 +306,16 @@ def _v1_initial(db: Database) -> None:
             created  REAL NOT NULL,
             updated  REAL NOT NULL
         );
+        -- Large columns come last in every table: SQLite must walk a column's
+        -- overflow pages to reach the columns after it.
         CREATE TABLE ledgers (
             agent_id TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
-            tokens   BLOB NOT NULL,        -- int32 little-endian
+            n_tokens INTEGER NOT NULL,
+            n_bytes  INTEGER NOT NULL,     -- bytes of tokens + regions + messages
+            updated  REAL NOT NULL,
             regions  TEXT NOT NULL,        -- JSON [[start, end, region, flags], ...]
             messages TEXT,                 -- JSON list of message dicts, or NULL
-            n_tokens INTEGER NOT NULL,
-            updated  REAL NOT NULL
+            tokens   BLOB NOT NULL         -- int32 little-endian
         );
         CREATE TABLE states (
             agent_id    TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
@@ -322,8 +325,8 @@ def _v1_initial(db: Database) -> None:
             n_bytes     INTEGER NOT NULL,
             checksum    TEXT NOT NULL,     -- "sha256:<hex>" of blob
             fingerprint TEXT NOT NULL,     -- JSON object, keys sorted
-            blob        BLOB NOT NULL,
-            created     REAL NOT NULL
+            created     REAL NOT NULL,
+            blob        BLOB NOT NULL
         );
         CREATE TABLE events (
             id       INTEGER PRIMARY KEY,
@@ -349,9 +352,9 @@ def _v1_initial(db: Database) -> None:
             n_bytes     INTEGER NOT NULL,
             checksum    TEXT NOT NULL,
             fingerprint TEXT NOT NULL,
-            blob        BLOB NOT NULL,
             created     REAL NOT NULL,
-            updated     REAL NOT NULL
+            updated     REAL NOT NULL,
+            blob        BLOB NOT NULL
         );
         """
     )
@@ -372,7 +375,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 _TABLES = ("agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks")
 _PAYLOAD_SQL = {
     "agents": "length(id) + length(labels)",
-    "ledgers": "length(tokens) + length(regions) + coalesce(length(messages), 0)",
+    "ledgers": "n_bytes",
     "states": "length(blob) + length(fingerprint)",
     "events": "length(kind) + length(data)",
     "evicted_spans": "length(text)",
@@ -408,7 +411,7 @@ def _as_buffer(blob: BlobLike) -> bytes | bytearray | memoryview:
     if isinstance(blob, np.ndarray):
         return memoryview(np.ascontiguousarray(blob)).cast("B")
     if isinstance(blob, memoryview):
-        return blob if blob.format == "B" and blob.contiguous else memoryview(bytes(blob))
+        return blob.cast("B") if blob.c_contiguous else memoryview(blob.tobytes())
     if isinstance(blob, (bytes, bytearray)):
         return blob
     raise TypeError(f"blob must be bytes, bytearray, memoryview or numpy array, not {type(blob).__name__}")
@@ -884,7 +887,7 @@ class Archive:
     _AGENT_SELECT = """
         SELECT a.id, a.priority, a.labels, a.created, a.updated,
                coalesce(l.n_tokens, 0),
-               coalesce(length(l.tokens) + length(l.regions) + coalesce(length(l.messages), 0), 0),
+               coalesce(l.n_bytes, 0),
                s.tier, s.codec, coalesce(s.n_tokens, 0), coalesce(s.n_bytes, 0)
         FROM agents a
         LEFT JOIN ledgers l ON l.agent_id = a.id
@@ -966,12 +969,15 @@ class Archive:
                 messages_json = _json_dumps([dict(m) for m in messages])
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"messages of agent {agent_id!r} are not JSON-serialisable: {exc}") from exc
+        n_bytes = len(token_bytes) + len(regions_json.encode()) + (
+            len(messages_json.encode()) if messages_json is not None else 0
+        )
         now = time.time()
         with self._writing("put_ledger") as db:
             self._touch_agent(db, agent_id, now)
             db["ledgers"].upsert(
-                {"agent_id": agent_id, "tokens": token_bytes, "regions": regions_json,
-                 "messages": messages_json, "n_tokens": n_tokens, "updated": now},
+                {"agent_id": agent_id, "n_tokens": n_tokens, "n_bytes": n_bytes, "updated": now,
+                 "regions": regions_json, "messages": messages_json, "tokens": token_bytes},
                 pk="agent_id",
             )
 

@@ -106,7 +106,7 @@ def test_list_agents_reports_tokens_tier_codec_bytes(arc: Archive) -> None:
     assert (b.agent_id, b.ledger_tokens, b.tier, b.codec, b.state_tokens, b.state_bytes) == (
         "b", 100, "warm", "q8_0", 100, 1000,
     )
-    assert b.ledger_bytes >= 400 and b.n_bytes == b.ledger_bytes + 1000
+    assert b.ledger_bytes == 400 + len('[[0,100,"user",0]]') and b.n_bytes == b.ledger_bytes + 1000
 
 
 # ------------------------------------------------------------------ ledgers
@@ -161,12 +161,14 @@ def test_bad_ledgers_are_rejected(arc: Archive, tokens, regions, messages, exc, 
         memoryview(bytearray(b"abc" * 999)),
         np.arange(4096, dtype=np.float16),
         np.arange(64, dtype=np.int8)[::2],  # non-contiguous array
+        memoryview(np.arange(100, dtype=np.float32).reshape(10, 10)),  # typed, 2-D
+        memoryview(np.arange(100, dtype=np.int16))[::3],  # non-contiguous view
         b"",
     ],
-    ids=["bytes", "memoryview", "ndarray", "strided", "empty"],
+    ids=["bytes", "memoryview", "ndarray", "strided", "mv-2d", "mv-strided", "empty"],
 )
 def test_state_roundtrip(arc: Archive, blob) -> None:
-    expected = np.ascontiguousarray(blob).tobytes() if isinstance(blob, np.ndarray) else bytes(blob)
+    expected = np.ascontiguousarray(blob).tobytes() if isinstance(blob, np.ndarray) else blob.tobytes() if isinstance(blob, memoryview) else bytes(blob)
     info = arc.put_state("a", blob, codec="f16", n_tokens=12, fingerprint=FP)
     assert info.checksum == "sha256:" + hashlib.sha256(expected).hexdigest() == checksum(expected)
     st = arc.get_state("a")
@@ -218,6 +220,9 @@ def test_truncated_blob_is_detected(arc: Archive) -> None:
     arc.put_state("a", b"k" * 5000, codec="f16", n_tokens=10, fingerprint=FP)
     _raw(arc).execute("UPDATE states SET blob = substr(blob, 1, 2500)")
     with pytest.raises(CodecError, match="truncated: 2500 bytes stored, 5000 expected"):
+        arc.get_state("a")
+    _raw(arc).execute("UPDATE states SET blob = 'text'")
+    with pytest.raises(CodecError, match="holds str"):
         arc.get_state("a")
 
 

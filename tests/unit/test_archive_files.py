@@ -30,7 +30,8 @@ def _make_v1(path: Path) -> None:
     db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     db.execute("INSERT INTO agents(id, priority, labels, created, updated) VALUES ('old', 2, '{}', 1.0, 1.0)")
     db.execute(
-        "INSERT INTO ledgers VALUES ('old', ?, '[[0, 3, \"system\", 1]]', NULL, 3, 1.0)",
+        "INSERT INTO ledgers(agent_id, tokens, regions, messages, n_tokens, n_bytes, updated) "
+        "VALUES ('old', ?, '[[0, 3, \"system\", 1]]', NULL, 3, 30, 1.0)",
         [np.array([5, 6, 7], "<i4").tobytes()],
     )
     db.execute("INSERT INTO events(ts, agent_id, kind, data) VALUES (1.0, 'old', 'park', '{}')")
