@@ -1,0 +1,1 @@
+"""Benchmarks shipped with the package (``agentmem bench NAME``); thin scripts in ``benchmarks/`` call them."""
