@@ -40,7 +40,7 @@ EXIT_ERROR = 2
 Handler = Callable[[argparse.Namespace], int]
 
 
-def human_bytes(n: int | float) -> str:
+def human_bytes(n: float) -> str:
     """Format a byte count with binary units.
 
     Example:
@@ -59,7 +59,7 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]) -> str:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: set[int]) -> str:
     cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
@@ -89,8 +89,15 @@ def _archive_ls(args: argparse.Namespace) -> int:
         print(f"{args.path}: no agents")
         return EXIT_OK
     rows = [
-        (a.agent_id, a.priority, a.ledger_tokens, a.tier or "-", a.codec or "-",
-         human_bytes(a.n_bytes), _when(a.updated))
+        (
+            a.agent_id,
+            a.priority,
+            a.ledger_tokens,
+            a.tier or "-",
+            a.codec or "-",
+            human_bytes(a.n_bytes),
+            _when(a.updated),
+        )
         for a in agents
     ]
     print(_table(("AGENT", "PRIORITY", "TOKENS", "TIER", "CODEC", "BYTES", "UPDATED"), rows, {2, 5}))
@@ -111,8 +118,11 @@ def _archive_show(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "agent": dataclasses.asdict(agent),
-            "ledger": None if ledger is None else {
-                "n_tokens": ledger.n_tokens, "regions": ledger.regions,
+            "ledger": None
+            if ledger is None
+            else {
+                "n_tokens": ledger.n_tokens,
+                "regions": ledger.regions,
                 "n_messages": None if ledger.messages is None else len(ledger.messages),
             },
             "state": None if state is None else dataclasses.asdict(state),
@@ -144,8 +154,10 @@ def _archive_show(args: argparse.Namespace) -> int:
     if state is None:
         print("state     none")
     else:
-        print(f"state     {state.tier}, {state.codec}, {state.n_tokens} tokens, "
-              f"{human_bytes(state.n_bytes)}, stored {_when(state.created)}")
+        print(
+            f"state     {state.tier}, {state.codec}, {state.n_tokens} tokens, "
+            f"{human_bytes(state.n_bytes)}, stored {_when(state.created)}"
+        )
         print(f"checksum  {state.checksum}")
         print(f"fingerprint {json.dumps(state.fingerprint, sort_keys=True)}")
     print()
@@ -153,8 +165,8 @@ def _archive_show(args: argparse.Namespace) -> int:
         print("events    none")
     else:
         print(f"events    (newest {len(events)})")
-        rows = [(_when(e.ts), e.kind, json.dumps(e.data, ensure_ascii=False)) for e in events]
-        print(_indent(_table(("TIME", "KIND", "DATA"), rows, set())))
+        event_rows = [(_when(e.ts), e.kind, json.dumps(e.data, ensure_ascii=False)) for e in events]
+        print(_indent(_table(("TIME", "KIND", "DATA"), event_rows, set())))
     return EXIT_OK
 
 
@@ -179,8 +191,10 @@ def _archive_vacuum(args: argparse.Namespace) -> int:
     with _open(args.path, readonly=False) as arc:
         result = arc.vacuum()
     saved = result.bytes_before - result.bytes_after
-    print(f"{args.path}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
-          f"({human_bytes(saved)} freed)")
+    print(
+        f"{args.path}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
+        f"({human_bytes(saved)} freed)"
+    )
     return EXIT_OK
 
 

@@ -50,12 +50,15 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from sqlite_utils import Database
 
 from agentmem.errors import ArchiveError, CodecError, FingerprintMismatch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 try:  # POSIX only; elsewhere the archive opens without the cross-process lock
     import fcntl
@@ -362,8 +365,8 @@ def _v1_initial(db: Database) -> None:
 
 def _v2_event_indexes(db: Database) -> None:
     """Version 2: indexes for per-agent and recent-first event queries."""
-    db["events"].create_index(["agent_id", "id"], index_name="events_agent")
-    db["events"].create_index(["ts"], index_name="events_ts")
+    db.table("events").create_index(["agent_id", "id"], index_name="events_agent")
+    db.table("events").create_index(["ts"], index_name="events_ts")
 
 
 MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes]
@@ -409,7 +412,7 @@ def _verify_checksum(stored: str, data: bytes) -> str | None:
 def _as_buffer(blob: BlobLike) -> bytes | bytearray | memoryview:
     """A zero-copy byte view of ``blob`` that sqlite3 and hashlib both accept."""
     if isinstance(blob, np.ndarray):
-        return memoryview(np.ascontiguousarray(blob)).cast("B")
+        return np.ascontiguousarray(blob).data.cast("B")
     if isinstance(blob, memoryview):
         return blob.cast("B") if blob.c_contiguous else memoryview(blob.tobytes())
     if isinstance(blob, (bytes, bytearray)):
@@ -462,7 +465,7 @@ def _check_regions(regions: Iterable[Sequence[Any]], n_tokens: int) -> list[list
         except (TypeError, ValueError) as exc:
             raise ValueError(f"regions[{i}] must be (start, end, region, flags), got {span!r}") from exc
         if not isinstance(region, str):
-            raise ValueError(f"regions[{i}]: region must be a str, got {region!r}")
+            raise TypeError(f"regions[{i}]: region must be a str, got {region!r}")
         start, end, flags = int(start), int(end), int(flags)
         if not 0 <= start <= end <= n_tokens:
             raise ValueError(f"regions[{i}] = {span!r} is outside 0..{n_tokens} or reversed")
@@ -565,7 +568,10 @@ class Archive:
             raise
         logger.debug(
             "opened archive %s (schema v%d, %s, fts=%s)",
-            self.path, self._schema_version, "readonly" if readonly else "read-write", self._fts,
+            self.path,
+            self._schema_version,
+            "readonly" if readonly else "read-write",
+            self._fts,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -608,7 +614,7 @@ class Archive:
                 # a concurrent opener never races on its creation.
                 os.close(fd)
 
-    def __enter__(self) -> Archive:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -706,8 +712,7 @@ class Archive:
                 version = int(row[0])
             elif tables:
                 raise ArchiveError(
-                    f"{self.path}: a SQLite database but not an agentmem archive "
-                    f"(tables: {', '.join(sorted(tables))})"
+                    f"{self.path}: a SQLite database but not an agentmem archive (tables: {', '.join(sorted(tables))})"
                 )
             else:
                 version = 0
@@ -742,14 +747,12 @@ class Archive:
                     )
                     if step == 0:
                         db.execute(
-                            "INSERT INTO meta(key, value) VALUES ('application', 'agentmem'), "
-                            "('created', ?)",
+                            "INSERT INTO meta(key, value) VALUES ('application', 'agentmem'), ('created', ?)",
                             [str(time.time())],
                         )
             except Exception as exc:
                 raise ArchiveError(
-                    f"{self.path}: migration {migration.__name__} (version {step} -> "
-                    f"{step + 1}) failed: {exc}"
+                    f"{self.path}: migration {migration.__name__} (version {step} -> {step + 1}) failed: {exc}"
                 ) from exc
             logger.info("%s: migrated schema to version %d (%s)", self.path, step + 1, migration.__name__)
 
@@ -757,11 +760,9 @@ class Archive:
         """Use FTS5 for evicted text when SQLite has it; keep the index in step."""
         db = self._require_db()
         available = self._fts5
-        spans = db["evicted_spans"]
-        has_table = db["evicted_spans_fts"].exists()
-        has_triggers = {"evicted_spans_ai", "evicted_spans_ad", "evicted_spans_au"} <= {
-            t.name for t in spans.triggers
-        }
+        spans = db.table("evicted_spans")
+        has_table = db.table("evicted_spans_fts").exists()
+        has_triggers = {"evicted_spans_ai", "evicted_spans_ad", "evicted_spans_au"} <= {t.name for t in spans.triggers}
         if available and has_table and has_triggers:
             self._fts = True
             return
@@ -897,9 +898,17 @@ class Archive:
     @staticmethod
     def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
         return AgentRecord(
-            agent_id=row[0], priority=row[1], labels=json.loads(row[2]), created=row[3],
-            updated=row[4], ledger_tokens=row[5], ledger_bytes=row[6], tier=row[7],
-            codec=row[8], state_tokens=row[9], state_bytes=row[10],
+            agent_id=row[0],
+            priority=row[1],
+            labels=json.loads(row[2]),
+            created=row[3],
+            updated=row[4],
+            ledger_tokens=row[5],
+            ledger_bytes=row[6],
+            tier=row[7],
+            codec=row[8],
+            state_tokens=row[9],
+            state_bytes=row[10],
         )
 
     def get_agent(self, agent_id: str) -> AgentRecord | None:
@@ -969,15 +978,24 @@ class Archive:
                 messages_json = _json_dumps([dict(m) for m in messages])
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"messages of agent {agent_id!r} are not JSON-serialisable: {exc}") from exc
-        n_bytes = len(token_bytes) + len(regions_json.encode()) + (
-            len(messages_json.encode()) if messages_json is not None else 0
+        n_bytes = (
+            len(token_bytes)
+            + len(regions_json.encode())
+            + (len(messages_json.encode()) if messages_json is not None else 0)
         )
         now = time.time()
         with self._writing("put_ledger") as db:
             self._touch_agent(db, agent_id, now)
-            db["ledgers"].upsert(
-                {"agent_id": agent_id, "n_tokens": n_tokens, "n_bytes": n_bytes, "updated": now,
-                 "regions": regions_json, "messages": messages_json, "tokens": token_bytes},
+            db.table("ledgers").upsert(
+                {
+                    "agent_id": agent_id,
+                    "n_tokens": n_tokens,
+                    "n_bytes": n_bytes,
+                    "updated": now,
+                    "regions": regions_json,
+                    "messages": messages_json,
+                    "tokens": token_bytes,
+                },
                 pk="agent_id",
             )
 
@@ -997,8 +1015,7 @@ class Archive:
         blob, regions_json, messages_json, n_tokens, updated = row
         if len(blob) != 4 * n_tokens:
             raise ArchiveError(
-                f"{self.path}: ledger of agent {agent_id!r} is corrupt: "
-                f"{len(blob)} token bytes for {n_tokens} tokens"
+                f"{self.path}: ledger of agent {agent_id!r} is corrupt: {len(blob)} token bytes for {n_tokens} tokens"
             )
         try:
             regions = [(int(s), int(e), str(r), int(f)) for s, e, r, f in json.loads(regions_json)]
@@ -1006,8 +1023,7 @@ class Archive:
         except (TypeError, ValueError) as exc:
             raise ArchiveError(f"{self.path}: ledger of agent {agent_id!r} is corrupt: {exc}") from exc
         tokens = np.frombuffer(blob, dtype="<i4").astype(np.int32)
-        return LedgerRecord(agent_id=agent_id, tokens=tokens, regions=regions,
-                            messages=messages, updated=updated)
+        return LedgerRecord(agent_id=agent_id, tokens=tokens, regions=regions, messages=messages, updated=updated)
 
     def delete_ledger(self, agent_id: str) -> bool:
         """Delete the agent's ledger; returns whether there was one."""
@@ -1050,8 +1066,13 @@ class Archive:
         fp = _normalise_fingerprint(fingerprint)
         buf = _as_buffer(blob)
         info = StateInfo(
-            agent_id=agent_id, tier=tier, codec=codec, n_tokens=n_tokens,
-            n_bytes=memoryview(buf).nbytes, checksum=checksum(buf), fingerprint=fp,
+            agent_id=agent_id,
+            tier=tier,
+            codec=codec,
+            n_tokens=n_tokens,
+            n_bytes=memoryview(buf).nbytes,
+            checksum=checksum(buf),
+            fingerprint=fp,
             created=time.time(),
         )
         with self._writing("put_state") as db:
@@ -1063,8 +1084,7 @@ class Archive:
                 "n_tokens = excluded.n_tokens, n_bytes = excluded.n_bytes, "
                 "checksum = excluded.checksum, fingerprint = excluded.fingerprint, "
                 "blob = excluded.blob, created = excluded.created",
-                [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum,
-                 _json_dumps(fp), buf, info.created],
+                [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, _json_dumps(fp), buf, info.created],
             )
         return info
 
@@ -1073,9 +1093,7 @@ class Archive:
     def get_state_info(self, agent_id: str) -> StateInfo | None:
         """Metadata of the agent's state without reading the blob, or ``None``."""
         with self._reading("get_state_info") as db:
-            row = db.execute(
-                f"SELECT {self._STATE_COLUMNS} FROM states WHERE agent_id = ?", [agent_id]
-            ).fetchone()
+            row = db.execute(f"SELECT {self._STATE_COLUMNS} FROM states WHERE agent_id = ?", [agent_id]).fetchone()
         return None if row is None else self._state_info(row)
 
     def _state_info(self, row: Sequence[Any]) -> StateInfo:
@@ -1083,12 +1101,18 @@ class Archive:
             fp = json.loads(row[6])
         except ValueError:
             fp = {"_unparseable": row[6]}
-        return StateInfo(agent_id=row[0], tier=row[1], codec=row[2], n_tokens=row[3],
-                         n_bytes=row[4], checksum=row[5], fingerprint=fp, created=row[7])
+        return StateInfo(
+            agent_id=row[0],
+            tier=row[1],
+            codec=row[2],
+            n_tokens=row[3],
+            n_bytes=row[4],
+            checksum=row[5],
+            fingerprint=fp,
+            created=row[7],
+        )
 
-    def get_state(
-        self, agent_id: str, *, fingerprint: Mapping[str, Any] | None = None
-    ) -> StoredState | None:
+    def get_state(self, agent_id: str, *, fingerprint: Mapping[str, Any] | None = None) -> StoredState | None:
         """The agent's state after verifying its length and checksum, or ``None``.
 
         Args:
@@ -1108,7 +1132,8 @@ class Archive:
         except ArchiveError as exc:
             cause = exc.__cause__
             if isinstance(cause, sqlite3.DatabaseError) and getattr(cause, "sqlite_errorname", "") in (
-                "SQLITE_CORRUPT", "SQLITE_NOTADB",
+                "SQLITE_CORRUPT",
+                "SQLITE_NOTADB",
             ):
                 raise CodecError(f"{self.path}: state of agent {agent_id!r} is unreadable: {cause}") from cause
             raise
@@ -1173,11 +1198,10 @@ class Archive:
             )
             return int(cur.lastrowid or 0)
 
-    def events(
-        self, agent_id: str | None = None, *, kind: str | None = None, limit: int = 100
-    ) -> list[EventRecord]:
+    def events(self, agent_id: str | None = None, *, kind: str | None = None, limit: int = 100) -> list[EventRecord]:
         """Recent events, newest first, optionally of one agent and/or kind."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         if agent_id is not None:
             where.append("agent_id = ?")
             params.append(agent_id)
@@ -1234,8 +1258,7 @@ class Archive:
             self._touch_agent(db, agent_id, now)
             for start, end, region, text in rows:
                 cur = db.execute(
-                    'INSERT INTO evicted_spans(agent_id, start, "end", region, text, ts) '
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    'INSERT INTO evicted_spans(agent_id, start, "end", region, text, ts) VALUES (?, ?, ?, ?, ?, ?)',
                     [agent_id, start, end, region, text, now],
                 )
                 ids.append(int(cur.lastrowid or 0))
@@ -1285,10 +1308,7 @@ class Archive:
                     [match, *agent_params, k],
                 ).fetchall()
             else:
-                likes = [
-                    "%" + t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-                    for t in terms
-                ]
+                likes = ["%" + t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for t in terms]
                 hits = " + ".join("(s.text LIKE ? ESCAPE '\\')" for _ in likes)
                 rows = db.execute(
                     f"SELECT * FROM (SELECT {self._SPAN_COLUMNS}, ({hits}) * 1.0 AS score "
@@ -1331,18 +1351,23 @@ class Archive:
                 "fingerprint = excluded.fingerprint, blob = excluded.blob, updated = excluded.updated",
                 [block_id, n_tokens, n_bytes, digest, fp_json, buf, now, now],
             )
-            row = db.execute(
-                f"SELECT {self._BLOCK_COLUMNS} FROM shared_blocks WHERE id = ?", [block_id]
-            ).fetchone()
+            row = db.execute(f"SELECT {self._BLOCK_COLUMNS} FROM shared_blocks WHERE id = ?", [block_id]).fetchone()
         return self._block_info(row)
 
     _BLOCK_COLUMNS = "id, refcount, n_tokens, n_bytes, checksum, fingerprint, created, updated"
 
     @staticmethod
     def _block_info(row: Sequence[Any]) -> SharedBlockInfo:
-        return SharedBlockInfo(block_id=row[0], refcount=row[1], n_tokens=row[2], n_bytes=row[3],
-                               checksum=row[4], fingerprint=json.loads(row[5]), created=row[6],
-                               updated=row[7])
+        return SharedBlockInfo(
+            block_id=row[0],
+            refcount=row[1],
+            n_tokens=row[2],
+            n_bytes=row[3],
+            checksum=row[4],
+            fingerprint=json.loads(row[5]),
+            created=row[6],
+            updated=row[7],
+        )
 
     def _change_refcount(self, block_id: str, delta: int, what: str) -> int:
         with self._writing(what) as db:
@@ -1352,11 +1377,9 @@ class Archive:
             new = row[0] + delta
             if new < 0:
                 raise ArchiveError(
-                    f"{self.path}: shared block {block_id!r} has refcount {row[0]}; "
-                    f"cannot drop {-delta} reference(s)"
+                    f"{self.path}: shared block {block_id!r} has refcount {row[0]}; cannot drop {-delta} reference(s)"
                 )
-            db.execute("UPDATE shared_blocks SET refcount = ?, updated = ? WHERE id = ?",
-                       [new, time.time(), block_id])
+            db.execute("UPDATE shared_blocks SET refcount = ?, updated = ? WHERE id = ?", [new, time.time(), block_id])
             return int(new)
 
     def incref_shared_block(self, block_id: str, n: int = 1) -> int:
@@ -1428,9 +1451,15 @@ class Archive:
             freelist = conn.execute("PRAGMA freelist_count").fetchone()[0]
             file_bytes, wal_bytes = self._disk_bytes()
         return ArchiveStats(
-            path=self.path, schema_version=self._schema_version, file_bytes=file_bytes,
-            wal_bytes=wal_bytes, page_size=page_size, page_count=page_count,
-            freelist_pages=freelist, fts=self._fts, tables=tables,
+            path=self.path,
+            schema_version=self._schema_version,
+            file_bytes=file_bytes,
+            wal_bytes=wal_bytes,
+            page_size=page_size,
+            page_count=page_count,
+            freelist_pages=freelist,
+            fts=self._fts,
+            tables=tables,
         )
 
     def checkpoint(self) -> None:
@@ -1454,11 +1483,10 @@ class Archive:
                 raise ArchiveError(f"{self.path}: cannot vacuum inside a transaction")
             before = self._disk_bytes()[0]
             if self._fts:
-                db["evicted_spans"].optimize()
+                db.table("evicted_spans").optimize()
             db.execute("VACUUM")
             if not self._memory:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             after = self._disk_bytes()[0]
         logger.info("%s: vacuum %d -> %d bytes", self.path, before, after)
         return VacuumResult(bytes_before=before, bytes_after=after)
-

@@ -23,7 +23,8 @@ def db(tmp_path: Path) -> str:
         a.put_agent("planner", priority="foreground", labels={"team": "blue"})
         with a.transaction():
             a.put_ledger(
-                "planner", np.arange(1500),
+                "planner",
+                np.arange(1500),
                 [(0, 100, "system", 1), (100, 900, "user", 0), (900, 1200, "assistant", 0), (1200, 1500, "user", 0)],
                 [{"role": "system", "content": "plan"}, {"role": "user", "content": "go"}],
             )
@@ -156,5 +157,9 @@ def test_parser_lists_archive_commands() -> None:
 
 def test_human_bytes() -> None:
     assert [human_bytes(n) for n in (0, 1023, 1024, 5 * 2**20, 3 * 2**40)] == [
-        "0 B", "1023 B", "1.0 KiB", "5.0 MiB", "3.0 TiB",
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "5.0 MiB",
+        "3.0 TiB",
     ]

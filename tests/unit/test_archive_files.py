@@ -190,7 +190,11 @@ def _spawn_holder(path: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     assert line.strip() == "ready", proc.stderr.read()  # type: ignore[union-attr]
@@ -226,7 +230,6 @@ def test_lock_is_released_when_the_holder_is_killed(tmp_path: Path) -> None:
 
 def test_second_writer_in_the_same_process_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "a.db"
-    with Archive(path):
-        with pytest.raises(ArchiveError, match=f"in use by pid {os.getpid()}"):
-            Archive(path)
+    with Archive(path), pytest.raises(ArchiveError, match=f"in use by pid {os.getpid()}"):
+        Archive(path)
     Archive(path).close()

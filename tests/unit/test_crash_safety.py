@@ -18,6 +18,7 @@ migration in some rounds, mid-write in most -- reopens the archive and checks:
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import signal
@@ -36,25 +37,20 @@ from agentmem.memory.archive import Archive
 KILLS = 50
 REPO = Path(__file__).resolve().parents[2]
 
-# Shared by parent and child. The child runs from source with ``python -c``
-# rather than importing this module, which would import pytest (~0.3 s a round).
-_SHARED = textwrap.dedent(
-    """
-    import numpy as np
-
-    AGENTS = ("planner", "coder", "reviewer", "selector")
+AGENTS = ("planner", "coder", "reviewer", "selector")
 
 
-    def _payload(agent, seq):
-        # Deterministic tokens and state blob of agent's write number seq.
-        rng = np.random.default_rng([AGENTS.index(agent), seq])
-        n_tokens = int(rng.integers(1, 4000))
-        size = int(rng.integers(1 << 20, 4 << 20))
-        return rng.integers(0, 262_144, n_tokens, dtype=np.int32), rng.bytes(size)
-    """
-)
-exec(compile(_SHARED, "<crash-test shared>", "exec"))  # defines AGENTS and _payload here too
+def _payload(agent: str, seq: int) -> tuple[np.ndarray, bytes]:
+    """Deterministic tokens and state blob of ``agent``'s write number ``seq``."""
+    rng = np.random.default_rng([AGENTS.index(agent), seq])
+    n_tokens = int(rng.integers(1, 4000))
+    size = int(rng.integers(1 << 20, 4 << 20))
+    return rng.integers(0, 262_144, n_tokens, dtype=np.int32), rng.bytes(size)
 
+
+# The child runs from source with ``python -c`` rather than importing this
+# module, which would import pytest (~0.3 s a round); it shares ``_payload``.
+_SHARED = f"import numpy as np\n\nAGENTS = {AGENTS!r}\n\n\n" + inspect.getsource(_payload)
 _CHILD = _SHARED + textwrap.dedent(
     """
     import os, random, sys
@@ -112,7 +108,9 @@ def _verify(path: Path, journal: Path) -> tuple[int, int]:
                 assert arc.get_state_info(agent) is None
                 continue
             seq = led.messages[0]["seq"]
-            assert seq >= committed.get(agent, 0), f"{agent}: archive at seq {seq}, journal committed {committed[agent]}"
+            assert seq >= committed.get(agent, 0), (
+                f"{agent}: archive at seq {seq}, journal committed {committed[agent]}"
+            )
             assert seq <= committed.get(agent, 0) + 1, f"{agent}: archive at {seq}, journal only {committed.get(agent)}"
             tokens, blob = _payload(agent, seq)
             np.testing.assert_array_equal(led.tokens, tokens)
@@ -139,7 +137,9 @@ def test_sigkill_during_writes_loses_no_committed_transaction(tmp_path: Path) ->
     for round_no in range(KILLS):
         proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(path), str(journal), str(round_no)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
         )
         try:
             opening = proc.stdout.readline()  # type: ignore[union-attr]
