@@ -47,6 +47,25 @@ class PoolConfig:
             returns them), ``q8_0``, ``q4_0`` or ``K/V`` such as ``q8_0/q4_0``.
         park_rotate: Hadamard-rotate rows before 4-bit parking.
         seed: default sampling seed.
+        archive_path: SQLite file for the COLD tier and durability (``None`` = RAM only).
+            A new pool on the same file resumes every agent.
+        warm_budget_bytes: RAM for parked states (``0`` = unlimited); above the high
+            watermark the placement policy demotes states to COLD (or drops them
+            without an archive) until below the low watermark.
+        cold_budget_bytes: disk for states (``0`` = unlimited); above it the lowest
+            ranked states are dropped (their ledgers stay; they re-prefill).
+        watermark_high: fraction of a budget that triggers demotion.
+        watermark_low: fraction of a budget demotion stops at (hysteresis).
+        placement: ``cost`` (default) or ``lru``.
+        cold_codec: codec of states in the archive (``q8_0/q4_0`` = keys q8_0, values q4_0).
+        background_codec: RAM codec of background-priority agents under ``cost``.
+        prefetch: restore the predicted next agent ahead of its call.
+        agent_budget_tokens: live tokens an agent may keep (``0`` = no eviction;
+            prompts longer than ``agent_capacity`` then raise). With a budget, the
+            eviction policy trims the agent instead of raising.
+        eviction: ``region_decay`` (default), ``sliding_window`` or ``streaming_llm``.
+        eviction_low: evict down to this fraction of the budget (low watermark).
+        eviction_block: tokens per eviction block.
     """
 
     model_path: str | None = None
@@ -65,13 +84,26 @@ class PoolConfig:
     park_codec: str = "f16"
     park_rotate: bool = False
     seed: int = 0
+    archive_path: str | None = None
+    warm_budget_bytes: int = 0
+    cold_budget_bytes: int = 0
+    watermark_high: float = 0.9
+    watermark_low: float = 0.7
+    placement: str = "cost"
+    cold_codec: str = "q8_0/q4_0"
+    background_codec: str = "q8_0"
+    prefetch: bool = True
+    agent_budget_tokens: int = 0
+    eviction: str = "region_decay"
+    eviction_low: float = 0.75
+    eviction_block: int = 32
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be >= 1, got {v!r}")
-        for name in ("agent_capacity", "n_threads"):
+        for name in ("agent_capacity", "n_threads", "warm_budget_bytes", "cold_budget_bytes", "agent_budget_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be a non-negative int, got {v!r}")
@@ -84,6 +116,16 @@ class PoolConfig:
                 raise ConfigError(f"{name} must be one of {', '.join(_KV_TYPES)}, got {getattr(self, name)!r}")
         if self.type_v not in ("f16", "f32", "bf16") and not self.flash_attn:
             raise ConfigError(f"type_v={self.type_v!r} needs flash_attn=True (llama.cpp cannot quantize V without it)")
+        if not 0.0 < self.watermark_low <= self.watermark_high <= 1.0:
+            raise ConfigError(
+                f"need 0 < watermark_low <= watermark_high <= 1, got {self.watermark_low}, {self.watermark_high}"
+            )
+        if not 0.0 < self.eviction_low <= 1.0:
+            raise ConfigError(f"eviction_low must be in (0, 1], got {self.eviction_low}")
+        if self.eviction_block < 1:
+            raise ConfigError(f"eviction_block must be >= 1, got {self.eviction_block}")
+        if self.agent_budget_tokens > self.n_ctx:
+            raise ConfigError(f"agent_budget_tokens ({self.agent_budget_tokens}) must be <= n_ctx ({self.n_ctx})")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
 

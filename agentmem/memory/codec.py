@@ -931,10 +931,18 @@ class CodecSpec:
             base += "+rot" if self.rotate == 64 else f"+rot{self.rotate}"
         return base
 
-    def encode(self, blob: Buffer, *, cell_ext_size: int = 0, kernels: str | None = None) -> np.ndarray:
+    def encode(
+        self, blob: Buffer, *, cell_ext_size: int = 0, kernels: str | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """:func:`encode_state` with this spec."""
         return encode_state(
-            blob, k_codec=self.k, v_codec=self.v, rotate=self.rotate, cell_ext_size=cell_ext_size, kernels=kernels
+            blob,
+            k_codec=self.k,
+            v_codec=self.v,
+            rotate=self.rotate,
+            cell_ext_size=cell_ext_size,
+            kernels=kernels,
+            out=out,
         )
 
 
@@ -1065,6 +1073,19 @@ def _transcode(
     return d - dst_base
 
 
+def _output_buffer(out: np.ndarray | None, n_bytes: int) -> np.ndarray:
+    """A fresh uint8 array of ``n_bytes``, or the first ``n_bytes`` of a caller's buffer."""
+    if out is None:
+        return np.empty(n_bytes, dtype=np.uint8)
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 or not out.flags.writeable:
+        raise CodecError("out must be a writable 1-D uint8 numpy array")
+    if not out.flags.c_contiguous:
+        raise CodecError("out must be contiguous")
+    if out.size < n_bytes:
+        raise CodecError(f"out holds {out.size} bytes, {n_bytes} are needed")
+    return out[:n_bytes]
+
+
 def encode_state(
     blob: Buffer,
     *,
@@ -1073,6 +1094,7 @@ def encode_state(
     rotate: bool | int = False,
     cell_ext_size: int = 0,
     kernels: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Encode a sequence state blob for storage, quantizing its f16 K and V rows.
 
@@ -1084,6 +1106,8 @@ def encode_state(
             32/64 values; f16 tensors are never rotated.
         cell_ext_size: per-cell extension bytes (M-RoPE models: 12).
         kernels: ``"native"`` or ``"numpy"``; default: native when available.
+        out: optional writable 1-D uint8 array to encode into (e.g. a slot of a
+            preallocated arena); the result is then a view of its first bytes.
 
     Returns:
         The encoded state (header, payload, checksum) as a read-only 1-D uint8
@@ -1107,7 +1131,7 @@ def encode_state(
         if t.ggml_type == GGML_F16 and codec.quantized:
             payload_len += codec.encoded_size(t.n_values, rot) - t.data_size
     total = _HEADER.size + payload_len + _TRAILER.size
-    out = np.empty(total, dtype=np.uint8)
+    out = _output_buffer(out, total)
     _HEADER.pack_into(
         out, 0, ENCODED_MAGIC, FORMAT_VERSION, kc.codec_id, vc.codec_id, rot, CHECKSUM_MULFOLD64,
         cell_ext_size, 0, src.size, payload_len,
@@ -1172,14 +1196,7 @@ def decode_state(encoded: Buffer, *, out: np.ndarray | None = None, kernels: str
             expected += 2 * t.n_values - t.data_size
     if expected != info.original_bytes:
         raise CodecError(f"encoded state decodes to {expected} bytes but its header says {info.original_bytes}")
-    if out is None:
-        dst = np.empty(expected, dtype=np.uint8)
-    else:
-        if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 or not out.flags.writeable:
-            raise CodecError("out must be a writable 1-D uint8 numpy array")
-        if out.size < expected:
-            raise CodecError(f"out holds {out.size} bytes, the state needs {expected}")
-        dst = out[:expected]
+    dst = _output_buffer(out, expected)
     written = _transcode(payload, layout, dst, 0, kc, vc, info.rotate, ker, encode=False)
     assert written == expected, f"{written=}, {expected=}"
     return dst

@@ -1,31 +1,33 @@
-"""Per-agent token ledger: which tokens an agent's KV holds, and their regions.
+"""Per-agent token ledger: the agent's whole token history, and which of it is live.
 
 The ledger is the source of truth for prefix reuse (what is already decoded),
-for restores (a state blob has no token list), and for later policies
-(eviction by region, archive of the text). Tokens are kept in a growable
-``int32`` numpy buffer so the common-prefix search is one vectorized compare.
+for restores (a state blob has no token list), for eviction (regions, pins and
+turns per token) and for the archive. It keeps *every* token the agent has seen,
+each with a region code, a pin flag, the index of the message it came from and a
+``live`` flag: evicted tokens stay in the ledger (so a framework that re-sends
+the full history still matches it) but have no KV cell. Live tokens occupy KV
+positions ``0..n_live-1`` in ledger order — eviction shifts later cells down.
+
+All per-token data lives in parallel numpy arrays; no per-token Python objects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from agentmem.engine.chat_format import Span
+from agentmem.engine.chat_format import REGIONS, Span
 
 __all__ = ["Ledger"]
 
-
-@dataclass(slots=True)
-class _Buf:
-    data: np.ndarray
-    n: int = 0
+_REGION_CODE = {name: i for i, name in enumerate(REGIONS)}
+_FIELDS = ("tok", "reg", "pin", "msg", "live")
+_DTYPES = {"tok": np.int32, "reg": np.uint8, "pin": np.bool_, "msg": np.int32, "live": np.bool_}
 
 
 class Ledger:
-    """Tokens (positions ``0..n-1``) of one agent's KV state with region spans.
+    """Tokens of one agent with region, pin, message index and live flag per token.
 
     >>> led = Ledger()
     >>> led.extend([1, 2, 3], [Span(0, 3, "user")])
@@ -36,76 +38,163 @@ class Ledger:
     """
 
     def __init__(self) -> None:
-        self._buf = _Buf(np.zeros(256, dtype=np.int32))
-        self.spans: list[Span] = []
+        self._a = {f: np.zeros(256, dtype=_DTYPES[f]) for f in _FIELDS}
+        self._n = 0
+        self.n_live = 0
 
+    # ---------------------------------------------------------------- views
     def __len__(self) -> int:
-        return self._buf.n
+        """Tokens in the history (live and evicted)."""
+        return self._n
 
-    @property
-    def tokens(self) -> np.ndarray:
-        """A read-only view of the tokens."""
-        v = self._buf.data[: self._buf.n]
+    def _view(self, f: str) -> np.ndarray:
+        v = self._a[f][: self._n]
         v.flags.writeable = False
         return v
 
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every token of the history (read-only view)."""
+        return self._view("tok")
+
+    @property
+    def live(self) -> np.ndarray:
+        """True where the token has a KV cell (read-only view)."""
+        return self._view("live")
+
+    @property
+    def regions(self) -> np.ndarray:
+        return self._view("reg")
+
+    @property
+    def pinned(self) -> np.ndarray:
+        return self._view("pin")
+
+    @property
+    def messages(self) -> np.ndarray:
+        return self._view("msg")
+
+    def live_tokens(self) -> np.ndarray:
+        """Tokens that have KV cells, in KV position order."""
+        return self._a["tok"][: self._n][self._a["live"][: self._n]]
+
+    def live_before(self, n: int) -> int:
+        """KV position of history index ``n`` (live tokens before it)."""
+        if self.n_live == self._n:
+            return min(n, self._n)
+        return int(np.count_nonzero(self._a["live"][: min(n, self._n)]))
+
+    @property
+    def spans(self) -> list[Span]:
+        """Run-length spans of (region, message, pinned) over the history."""
+        n = self._n
+        if n == 0:
+            return []
+        reg, msg, pin = self._a["reg"][:n], self._a["msg"][:n], self._a["pin"][:n]
+        change = np.flatnonzero((reg[1:] != reg[:-1]) | (msg[1:] != msg[:-1]) | (pin[1:] != pin[:-1])) + 1
+        starts = np.concatenate(([0], change))
+        ends = np.concatenate((change, [n]))
+        return [Span(int(s), int(e), REGIONS[reg[s]], int(msg[s]), bool(pin[s])) for s, e in zip(starts, ends)]
+
+    # ---------------------------------------------------------------- queries
     def common_prefix(self, tokens: Sequence[int] | np.ndarray) -> int:
-        """Length of the longest common prefix with ``tokens``."""
-        m = min(self._buf.n, len(tokens))
+        """Length of the longest common prefix of the history and ``tokens``."""
+        m = min(self._n, len(tokens))
         if m == 0:
             return 0
-        a = self._buf.data[:m]
+        a = self._a["tok"][:m]
         b = np.asarray(tokens[:m], dtype=np.int32)
         diff = np.flatnonzero(a != b)
         return int(diff[0]) if diff.size else m
 
-    def truncate(self, n: int) -> None:
-        """Keep the first ``n`` tokens (spans are clipped)."""
-        if n >= self._buf.n:
-            return
-        n = max(0, n)
-        self._buf.n = n
-        kept = []
-        for s in self.spans:
-            if s.start >= n:
-                break
-            kept.append(s if s.end <= n else Span(s.start, n, s.region, s.message, s.pinned))
-        self.spans = kept
+    def region_counts(self, *, live_only: bool = True) -> dict[str, int]:
+        """Tokens per region (live ones by default)."""
+        reg = self._a["reg"][: self._n]
+        if live_only:
+            reg = reg[self._a["live"][: self._n]]
+        counts = np.bincount(reg, minlength=len(REGIONS))
+        return {REGIONS[i]: int(c) for i, c in enumerate(counts) if c}
 
-    def extend(self, tokens: Sequence[int] | np.ndarray, spans: Sequence[Span] | None = None, *, region: str = "assistant") -> None:
-        """Append tokens; ``spans`` (absolute positions) tag them, else one ``region`` span."""
+    # ---------------------------------------------------------------- updates
+    def truncate(self, n: int) -> int:
+        """Keep the first ``n`` history tokens; returns the live count kept (the KV cut point)."""
+        n = max(0, min(n, self._n))
+        keep_live = self.live_before(n)
+        self._n = n
+        self.n_live = keep_live
+        return keep_live
+
+    def extend(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        spans: Sequence[Span] | None = None,
+        *,
+        region: str = "assistant",
+        message: int = -1,
+    ) -> None:
+        """Append live tokens; ``spans`` (absolute history positions) tag them, else ``region``/``message``."""
         k = len(tokens)
         if k == 0:
             return
-        start = self._buf.n
-        need = start + k
-        if need > len(self._buf.data):
-            grown = np.zeros(max(need, 2 * len(self._buf.data)), dtype=np.int32)
-            grown[:start] = self._buf.data[:start]
-            self._buf.data = grown
-        self._buf.data[start:need] = tokens
-        self._buf.n = need
+        start, need = self._n, self._n + k
+        if need > len(self._a["tok"]):
+            cap = max(need, 2 * len(self._a["tok"]))
+            for f in _FIELDS:
+                grown = np.zeros(cap, dtype=_DTYPES[f])
+                grown[:start] = self._a[f][:start]
+                self._a[f] = grown
+        a = self._a
+        a["tok"][start:need] = tokens
+        a["live"][start:need] = True
         if spans is None:
-            self._add_span(Span(start, need, region))
+            a["reg"][start:need] = _REGION_CODE[region]
+            a["pin"][start:need] = False
+            a["msg"][start:need] = message
         else:
+            a["reg"][start:need] = _REGION_CODE["text"]
+            a["pin"][start:need] = False
+            a["msg"][start:need] = -1
             for s in spans:
                 lo, hi = max(s.start, start), min(s.end, need)
                 if lo < hi:
-                    self._add_span(Span(lo, hi, s.region, s.message, s.pinned))
+                    a["reg"][lo:hi] = _REGION_CODE[s.region]
+                    a["pin"][lo:hi] = s.pinned
+                    a["msg"][lo:hi] = s.message
+        self._n = need
+        self.n_live += k
 
-    def _add_span(self, s: Span) -> None:
-        last = self.spans[-1] if self.spans else None
-        if last and last.end == s.start and last.region == s.region and last.message == s.message and last.pinned == s.pinned:
-            self.spans[-1] = Span(last.start, s.end, s.region, s.message, s.pinned)
-        else:
-            self.spans.append(s)
+    def evict_live(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Mark live positions ``[s, e)`` as evicted; returns their history indices."""
+        live_idx = np.flatnonzero(self._a["live"][: self._n])
+        hist = np.concatenate([live_idx[s:e] for s, e in ranges]) if ranges else np.zeros(0, dtype=np.int64)
+        assert not self._a["pin"][hist].any(), "eviction of pinned tokens"
+        self._a["live"][hist] = False
+        self.n_live -= int(hist.size)
+        return hist
 
-    def region_counts(self) -> dict[str, int]:
-        """Tokens per region."""
-        out: dict[str, int] = {}
-        for s in self.spans:
-            out[s.region] = out.get(s.region, 0) + (s.end - s.start)
-        return out
+    def set_pinned(self, message: int, pinned: bool = True) -> int:
+        """Pin (or unpin) every token of message ``message``; returns how many."""
+        sel = self._a["msg"][: self._n] == message
+        self._a["pin"][: self._n][sel] = pinned
+        return int(np.count_nonzero(sel))
 
     def clear(self) -> None:
         self.truncate(0)
+
+    # ---------------------------------------------------------------- persistence
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Copies of the per-token arrays (for the archive)."""
+        return {f: self._a[f][: self._n].copy() for f in _FIELDS}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Ledger:
+        """Inverse of :meth:`to_arrays`."""
+        led = cls()
+        n = len(arrays["tok"])
+        for f in _FIELDS:
+            buf = np.zeros(max(256, n), dtype=_DTYPES[f])
+            buf[:n] = arrays[f]
+            led._a[f] = buf
+        led._n = n
+        led.n_live = int(np.count_nonzero(arrays["live"]))
+        return led

@@ -1,13 +1,16 @@
 """MemoryPool: many agents, one model, one llama.cpp context, no re-prefill on switch.
 
 * :class:`MemoryPool` maps agents onto the sequences of one shared context. At
-  most ``resident_agents`` agents are *hot* (a live sequence); when another agent
-  needs a sequence, the least recently used idle one is *parked* (its KV state
-  copied out to RAM, optionally quantized) and restored — milliseconds — when it
-  is called again.
+  most ``resident_agents`` agents are *hot* (a live sequence). When another agent
+  needs a sequence, the placement policy picks an idle one to *park*: its KV state
+  is copied out to the WARM tier (RAM, optionally quantized) and restored —
+  milliseconds — when it is called again. With ``archive_path`` a COLD tier (SQLite)
+  takes states that overflow the RAM budget and makes agents durable across
+  restarts. A predictor restores the likely next agent ahead of its call.
 * Each call renders the messages to tokens (with region tags), finds the longest
-  common prefix with what the agent's KV already holds, drops only the divergent
-  tail and decodes only the new tokens.
+  common prefix with the agent's ledger, drops only the divergent tail and
+  decodes only the new tokens. With a token budget, the eviction policy trims the
+  agent (``seq_rm`` + position shift) and archives the evicted text for recall.
 * :class:`ChatResult` / :class:`Usage` / :class:`Timings` describe one call.
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
@@ -19,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
@@ -33,12 +40,18 @@ from agentmem.errors import (
     ConfigError,
     ContextOverflowError,
     EngineError,
+    FingerprintMismatch,
     StateError,
     UnknownAgentError,
 )
+from agentmem.memory.archive import Archive, EvictedSpan
 from agentmem.memory.ledger import Ledger
-from agentmem.memory.parking import ParkedState, make_park_codec
+from agentmem.memory.parking import ParkCodec, ParkedState, make_park_codec
+from agentmem.memory.prefetch import TransitionPredictor
+from agentmem.memory.tiers import Tier, build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
+from agentmem.policy.placement import AgentInfo, get_policy, priority_weight
+from agentmem.policy.view import LedgerView
 
 __all__ = ["ChatResult", "ChatStream", "MemoryPool", "Timings", "Usage"]
 
@@ -64,13 +77,17 @@ class Usage:
 
 @dataclass(slots=True)
 class Timings:
-    """Seconds spent in one call (``ttft_s`` runs from the call to the first token)."""
+    """Seconds spent in one call (``ttft_s`` runs from the call to the first token).
+
+    ``evict_s`` is the time spent choosing and removing evicted blocks.
+    """
 
     ttft_s: float = 0.0
     restore_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     total_s: float = 0.0
+    evict_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -98,15 +115,22 @@ class _Agent:
     id: str
     ledger: Ledger = field(default_factory=Ledger)
     seq: int | None = None
-    parked: ParkedState | None = None
+    tier: str = "empty"  # where its state is when not hot: warm / cold / empty
     busy: int = 0
     last_used: float = 0.0
-    calls: int = 0
-    restores: int = 0
-    restore_failures: int = 0
-    parks: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
+    priority: int = 1
+    budget: int = 0
+    eviction: str = ""
+    n_messages: int = 0
+    prefetched: bool = False
+    labels: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("calls", "restores", "restore_failures", "parks", "demotions", "prefill_tokens", "cached_tokens",
+             "evictions", "evicted_tokens"), 0
+        )
+    )
+    evicted_regions: dict[str, int] = field(default_factory=dict)
 
 
 class ChatStream(Iterator[str]):
@@ -139,20 +163,21 @@ class MemoryPool:
         model_path: a GGUF file; ``None`` uses ``AGENTMEM_MODEL`` or the bundled
             default model (Gemma 3 270M Q4_K_M).
         config: a :class:`PoolConfig`; keyword arguments override its fields
-            (``n_ctx``, ``resident_agents``, ``park_codec``, ... — see PoolConfig).
+            (``n_ctx``, ``resident_agents``, ``park_codec``, ``archive_path``,
+            ``agent_budget_tokens``, ... — see :class:`PoolConfig`).
 
     Example (real output on the default model, 2 CPU cores)::
 
         >>> from agentmem import MemoryPool
         >>> with MemoryPool(n_ctx=4096, resident_agents=2) as pool:   # doctest: +SKIP
-        ...     r = pool.chat("planner", [{"role": "user", "content": "Name a colour."}], max_tokens=8)
-        ...     r.text, r.kv, r.usage.cached_tokens
-        ...     r = pool.chat("planner", [{"role": "user", "content": "Name a colour."},
-        ...                               {"role": "assistant", "content": r.text},
-        ...                               {"role": "user", "content": "Another one."}], max_tokens=8)
-        ...     r.kv, r.usage.cached_tokens, r.usage.prompt_tokens
-        ('Blue\\n', 'prefilled', 0)
-        ('reused', 17, 27)
+        ...     msgs = [{"role": "user", "content": "Name a colour."}]
+        ...     r = pool.chat("planner", msgs, max_tokens=8)
+        ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
+        ...     msgs += [{"role": "assistant", "content": r.text}, {"role": "user", "content": "Another."}]
+        ...     r = pool.chat("planner", msgs, max_tokens=8)
+        ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
+        prefilled 11 0
+        reused 27 18
     """
 
     def __init__(self, model_path: str | None = None, *, config: PoolConfig | None = None, **options: Any) -> None:
@@ -161,8 +186,18 @@ class MemoryPool:
             options["model_path"] = str(model_path)
         self.config = base.replace(**options) if options else base
         cfg = self.config
+        self._closed = True  # until fully built, close() is a no-op
         self.model_path = resolve_model_path(cfg.model_path)
+        # validate names before loading anything heavy
+        self._placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
+                                     **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
+        self._codecs: dict[str, ParkCodec] = {}
+        for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+            self._codec(spec)
+        if cfg.agent_budget_tokens:
+            self._eviction_policy(cfg.eviction)
         self.model = LlamaModel(self.model_path, n_gpu_layers=cfg.n_gpu_layers)
+        self._archive: Archive | None = None
         try:
             self.ctx = LlamaContext(
                 self.model,
@@ -180,40 +215,77 @@ class MemoryPool:
                 ),
             )
             self.renderer = ChatRenderer(self.model, cfg.chat_format)
+            self.fingerprint = {
+                "model": model_fingerprint(self.model_path),
+                "type_k": cfg.type_k,
+                "type_v": cfg.type_v,
+                "flash_attn": cfg.flash_attn,
+                "swa_full": cfg.swa_full,
+                "n_seq_max": cfg.resident_agents,
+                "kv_unified": True,
+                "llama": llama_build_info(),
+            }
+            if cfg.archive_path:
+                self._archive = Archive(cfg.archive_path)
+            self._tiers: dict[str, Tier] = build_tiers(archive=self._archive, fingerprint=self.fingerprint)
+            # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
+            self._recall_store = self._archive or Archive(":memory:")
         except BaseException:
+            if self._archive is not None:
+                self._archive.close()
+            if hasattr(self, "ctx"):
+                self.ctx.close()
             self.model.close()
             raise
         self.capacity = min(cfg.agent_capacity or cfg.n_ctx, self.ctx.n_ctx_seq)
-        self.fingerprint = {
-            "model": model_fingerprint(self.model_path),
-            "type_k": cfg.type_k,
-            "type_v": cfg.type_v,
-            "flash_attn": cfg.flash_attn,
-            "swa_full": cfg.swa_full,
-            "n_seq_max": cfg.resident_agents,
-            "kv_unified": True,
-            "llama": llama_build_info(),
-        }
-        self._park_codec = make_park_codec(cfg.park_codec, rotate=cfg.park_rotate)
         self._lock = self.ctx.lock
         self._cond = threading.Condition(self._lock)
         self._agents: dict[str, _Agent] = {}
         self._free_seqs: list[int] = list(range(cfg.resident_agents - 1, -1, -1))
+        self._predictor = TransitionPredictor()
+        self._totals: dict[str, int] = dict.fromkeys(
+            ("calls", "restores", "restore_failures", "parks", "demotions", "drops", "prefill_tokens", "cached_tokens",
+             "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
+             "prefetch_wasted", "resumed_agents"), 0
+        )
+        self._tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
         self._closed = False
-        self._totals = {"calls": 0, "restores": 0, "restore_failures": 0, "parks": 0, "prefill_tokens": 0, "cached_tokens": 0}
+        if self._archive is not None:
+            self._resume_from_archive()
+        self._prefetch_q: queue.Queue[str | None] | None = None
+        self._prefetch_thread: threading.Thread | None = None
+        if cfg.prefetch and cfg.resident_agents > 1:
+            self._prefetch_q = queue.Queue()
+            self._prefetch_thread = threading.Thread(target=self._prefetch_worker, name="agentmem-prefetch", daemon=True)
+            self._prefetch_thread.start()
         logger.info(
-            "pool ready: %s, n_ctx=%d, resident_agents=%d, park_codec=%s",
-            self.model_path.name, self.ctx.n_ctx, cfg.resident_agents, cfg.park_codec,
+            "pool ready: %s, n_ctx=%d, resident_agents=%d, park_codec=%s, archive=%s",
+            self.model_path.name, self.ctx.n_ctx, cfg.resident_agents, cfg.park_codec, cfg.archive_path,
         )
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        """Free the context and the model (idempotent). Parked states are dropped."""
+        """Persist agents to the archive (if any), then free everything (idempotent)."""
         if self._closed:
             return
-        self._closed = True
-        self.ctx.close()
-        self.model.close()
+        try:
+            if self._prefetch_q is not None:
+                self._prefetch_q.put(None)
+                assert self._prefetch_thread is not None
+                self._prefetch_thread.join(timeout=10)
+            if self._archive is not None:
+                try:
+                    self.checkpoint()
+                except AgentMemError as exc:
+                    logger.error("could not save agents to %s on close: %s", self.config.archive_path, exc)
+        finally:
+            self._closed = True
+            if self._archive is not None:
+                self._archive.close()
+            if self._recall_store is not self._archive:
+                self._recall_store.close()
+            self.ctx.close()
+            self.model.close()
 
     def __enter__(self) -> MemoryPool:
         return self
@@ -245,7 +317,8 @@ class MemoryPool:
 
         Raises:
             MessageError: a malformed message (the error names the field).
-            ContextOverflowError: the prompt does not fit ``capacity``.
+            ContextOverflowError: the prompt does not fit ``capacity`` (and the
+                agent has no token budget to evict down to).
         """
         stream = self.chat_stream(agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling)
         for _ in stream:
@@ -269,8 +342,9 @@ class MemoryPool:
         """
         params = self._params(max_tokens, temperature, stop, sampling)
         self._check_agent_id(agent_id)
-        prompt = self.renderer.render(messages)
-        return ChatStream(self._run(agent_id, prompt, params))
+        msgs = list(messages) if not isinstance(messages, (str, bytes)) else messages
+        prompt = self.renderer.render(msgs)
+        return ChatStream(self._run(agent_id, prompt, params, n_messages=len(msgs)))
 
     def complete(
         self,
@@ -302,7 +376,7 @@ class MemoryPool:
         """Streaming :meth:`complete`."""
         params = self._params(max_tokens, temperature, stop, sampling)
         self._check_agent_id(agent_id)
-        return ChatStream(self._run(agent_id, self.renderer.render_text(prompt), params))
+        return ChatStream(self._run(agent_id, self.renderer.render_text(prompt), params, n_messages=1))
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
         """Async :meth:`chat` (runs in a worker thread; never blocks the event loop)."""
@@ -330,49 +404,50 @@ class MemoryPool:
     def stats(self) -> dict[str, Any]:
         """Where every agent's KV lives and what the pool did.
 
-        ``{"agents": {id: {"tokens", "tier", "bytes", "codec", "seq", "regions",
-        "calls", "restores", "restore_failures", "parks", "prefill_tokens",
-        "cached_tokens"}}, "totals": {...}}``. ``tier`` is ``"hot"`` (live
-        sequence), ``"warm"`` (parked in RAM) or ``"empty"``; ``bytes`` is what
-        the state occupies there.
+        ``{"agents": {id: {"tokens", "live_tokens", "tier", "bytes", "codec",
+        "seq", "priority", "regions", "evicted_regions", counters...}},
+        "tiers": {"hot"|"warm"|"cold": {"agents", "bytes", "hits"}},
+        "totals": {...}}``. ``tier`` is ``"hot"`` (live sequence), ``"warm"``
+        (RAM), ``"cold"`` (archive) or ``"empty"``; ``bytes`` is what the state
+        occupies there.
         """
         with self._lock:
-            agents = {}
-            hot_bytes = warm_bytes = 0
-            live = f"{self.config.type_k}/{self.config.type_v}" if self.config.type_k != self.config.type_v else self.config.type_k
+            agents: dict[str, Any] = {}
+            tiers = {t: {"agents": 0, "bytes": 0, "hits": self._tier_hits[t]} for t in ("hot", "warm", "cold")}
+            live = self.config.type_k if self.config.type_k == self.config.type_v else f"{self.config.type_k}/{self.config.type_v}"
             for a in self._agents.values():
+                tier, nbytes, codec = self._where(a)
                 if a.seq is not None:
-                    tier, nbytes, codec = "hot", (self.ctx.state_size(a.seq) if len(a.ledger) else 0), live
-                    hot_bytes += nbytes
-                elif a.parked is not None:
-                    tier, nbytes, codec = "warm", a.parked.nbytes, a.parked.codec
-                    warm_bytes += nbytes
-                else:
-                    tier, nbytes, codec = "empty", 0, None
+                    codec = live
+                if tier in tiers:
+                    tiers[tier]["agents"] += 1
+                    tiers[tier]["bytes"] += nbytes
                 agents[a.id] = {
                     "tokens": len(a.ledger),
+                    "live_tokens": a.ledger.n_live,
                     "tier": tier,
                     "bytes": nbytes,
                     "codec": codec,
                     "seq": a.seq,
+                    "priority": a.priority,
+                    "budget": a.budget or self.config.agent_budget_tokens,
                     "regions": a.ledger.region_counts(),
-                    "calls": a.calls,
-                    "restores": a.restores,
-                    "restore_failures": a.restore_failures,
-                    "parks": a.parks,
-                    "prefill_tokens": a.prefill_tokens,
-                    "cached_tokens": a.cached_tokens,
+                    "evicted_regions": dict(a.evicted_regions),
+                    **a.counters,
                 }
             totals = dict(self._totals)
             totals.update(
                 agents=len(self._agents),
-                resident=sum(1 for a in self._agents.values() if a.seq is not None),
-                hot_bytes=hot_bytes,
-                warm_bytes=warm_bytes,
+                resident=tiers["hot"]["agents"],
+                hot_bytes=tiers["hot"]["bytes"],
+                warm_bytes=tiers["warm"]["bytes"],
+                cold_bytes=tiers["cold"]["bytes"],
                 n_ctx=self.ctx.n_ctx,
                 resident_agents=self.config.resident_agents,
             )
-            return {"agents": agents, "totals": totals}
+            p = totals["prefetch_hits"] + totals["prefetch_misses"]
+            totals["prefetch_hit_rate"] = totals["prefetch_hits"] / p if p else 0.0
+            return {"agents": agents, "tiers": tiers, "totals": totals}
 
     def agents(self) -> list[str]:
         """Ids of the agents the pool knows."""
@@ -380,29 +455,75 @@ class MemoryPool:
             return list(self._agents)
 
     def forget(self, agent_id: str) -> None:
-        """Drop everything kept for ``agent_id`` (its sequence, parked state, ledger)."""
+        """Drop everything kept for ``agent_id`` (sequence, parked states, ledger, archive rows)."""
         with self._lock:
-            a = self._agents.get(agent_id)
-            if a is None:
-                raise UnknownAgentError(f"unknown agent {agent_id!r}; known: {sorted(self._agents)}")
+            a = self._agent(agent_id)
             if a.busy:
                 raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
             if a.seq is not None:
                 self.ctx.seq_rm(a.seq)
                 self._release_seq(a)
+            for t in self._tiers.values():
+                t.delete(agent_id)
+            if self._archive is not None:
+                self._archive.delete_agent(agent_id)
+            self._predictor.forget(agent_id)
             del self._agents[agent_id]
 
-    def park(self, agent_id: str) -> None:
-        """Move ``agent_id``'s KV out of its live sequence into RAM now."""
+    def park(self, agent_id: str, tier: str = "warm") -> None:
+        """Move ``agent_id``'s KV out of its live sequence into ``tier`` (``warm`` or ``cold``) now."""
         with self._lock:
             a = self._agent(agent_id)
             if a.busy:
                 raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
-            if a.seq is not None:
-                self._park(a)
+            if tier not in self._tiers:
+                raise ConfigError(f"tier {tier!r} is not available; have {sorted(self._tiers)} (cold needs archive_path)")
+            current = self._where(a)[0]
+            if current != "empty" and current != tier:
+                self._move(a, tier)
+            self._rebalance()
+
+    def set_priority(self, agent_id: str, priority: int | str) -> None:
+        """``"foreground"``, ``"normal"``, ``"background"`` or an int weight (creates the agent if new)."""
+        w = priority_weight(priority)
+        self._check_agent_id(agent_id)
+        with self._lock:
+            self._agents.setdefault(agent_id, _Agent(agent_id)).priority = w
+
+    def set_budget(self, agent_id: str, tokens: int, eviction: str | None = None) -> None:
+        """Give ``agent_id`` its own live-token budget (``0`` = pool default) and eviction policy."""
+        if not isinstance(tokens, int) or tokens < 0 or tokens > self.capacity:
+            raise ConfigError(f"budget must be an int in [0, {self.capacity}], got {tokens!r}")
+        if eviction is not None:
+            self._eviction_policy(eviction)
+        self._check_agent_id(agent_id)
+        with self._lock:
+            a = self._agents.setdefault(agent_id, _Agent(agent_id))
+            a.budget = tokens
+            a.eviction = eviction or ""
+
+    def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:
+        """Pin (never evict) the tokens of message ``message_index`` of ``agent_id``; returns their count."""
+        with self._lock:
+            return self._agent(agent_id).ledger.set_pinned(message_index, pinned)
+
+    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
+        """The ``k`` evicted spans of ``agent_id`` that best match ``query`` (full-text search)."""
+        if not isinstance(query, str):
+            raise ConfigError(f"query must be a string, got {type(query).__name__}")
+        res = self._recall_store.search_evicted(agent_id, query, k)
+        with self._lock:
+            self._totals["recalls"] += 1
+            self._totals["recall_hits"] += bool(res)
+        return res
 
     def tokens(self, agent_id: str) -> list[int]:
-        """The tokens whose KV ``agent_id`` holds (its ledger)."""
+        """The tokens whose KV ``agent_id`` holds (live ledger tokens, in KV order)."""
+        with self._lock:
+            return self._agent(agent_id).ledger.live_tokens().tolist()
+
+    def history_tokens(self, agent_id: str) -> list[int]:
+        """Every token of ``agent_id``'s history, evicted ones included."""
         with self._lock:
             return self._agent(agent_id).ledger.tokens.tolist()
 
@@ -410,7 +531,23 @@ class MemoryPool:
         """Prompt tokens the messages render to (chat template included)."""
         return len(self.renderer.render(messages))
 
-    # ------------------------------------------------------------------ internals
+    def checkpoint(self) -> None:
+        """Write every agent's ledger and state to the archive (hot ones stay hot)."""
+        if self._archive is None:
+            raise ConfigError("checkpoint() needs archive_path")
+        with self._lock:
+            for a in self._agents.values():
+                if a.busy:
+                    continue
+                state = None
+                if a.seq is not None and a.ledger.n_live:
+                    blob = self.ctx.state_get(a.seq)
+                    state = self._codec(self._placement.codec_for(self._info(a), "cold")).encode(blob, n_tokens=a.ledger.n_live)
+                elif a.tier == "warm":
+                    state = self._tiers["warm"].get(a.id)
+                self._persist(a, state)
+
+    # ------------------------------------------------------------------ internals: helpers
     def _params(self, max_tokens: int, temperature: float, stop: Any, extra: Mapping[str, Any]) -> SamplingParams:
         allowed = {"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"}
         unknown = set(extra) - allowed
@@ -431,94 +568,321 @@ class MemoryPool:
             raise UnknownAgentError(f"unknown agent {agent_id!r}; known: {sorted(self._agents)}")
         return a
 
+    def _codec(self, spec: str) -> ParkCodec:
+        c = self._codecs.get(spec)
+        if c is None:
+            c = self._codecs[spec] = make_park_codec(spec, rotate=self.config.park_rotate)
+        return c
+
+    @staticmethod
+    def _eviction_policy(name: str, **params: Any) -> Any:
+        from agentmem.policy.eviction import get_policy as get_eviction_policy
+
+        return get_eviction_policy(name, **params)
+
+    def _where(self, a: _Agent) -> tuple[str, int, str | None]:
+        """(tier, bytes there, codec) of ``a``'s state."""
+        if a.seq is not None:
+            return "hot", (self.ctx.state_size(a.seq) if a.ledger.n_live else 0), None
+        if a.tier in self._tiers:
+            t = self._tiers[a.tier]
+            if a.tier == "warm":
+                st = t.get(a.id)
+                return "warm", t.nbytes(a.id), st.codec if st else None
+            info = self._archive.get_state_info(a.id) if self._archive else None
+            return "cold", t.nbytes(a.id), info.codec if info else None
+        return "empty", 0, None
+
+    def _info(self, a: _Agent) -> AgentInfo:
+        tier, nbytes, _ = self._where(a) if a.seq is None else ("hot", a.ledger.n_live * 20_000, None)
+        return AgentInfo(
+            id=a.id, tier=tier, nbytes=nbytes, n_tokens=a.ledger.n_live, priority=a.priority,
+            idle_s=max(0.0, time.monotonic() - a.last_used), uses=a.counters["calls"],
+            next_in=self._predictor.distance(a.id),
+        )
+
     def _release_seq(self, a: _Agent) -> None:
         assert a.seq is not None
         self._free_seqs.append(a.seq)
         a.seq = None
         self._cond.notify_all()
 
-    def _park(self, a: _Agent) -> None:
-        """Copy ``a``'s state out of its sequence into RAM and free the sequence."""
-        assert a.seq is not None and not a.busy, f"{a.id=} {a.seq=} {a.busy=}"
-        if len(a.ledger):
+    def _persist(self, a: _Agent, state: ParkedState | None) -> None:
+        """Ledger (+ state) of ``a`` to the archive in one transaction."""
+        assert self._archive is not None
+        arr = a.ledger.to_arrays()
+        n = len(arr["tok"])
+        regions: list[tuple[int, int, str, int]] = []
+        if n:
+            key = np.stack([arr["reg"].astype(np.int64), arr["pin"], arr["live"], arr["msg"]], axis=1)
+            change = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1)) + 1
+            starts = np.concatenate(([0], change))
+            ends = np.concatenate((change, [n]))
+            from agentmem.engine.chat_format import REGIONS
+
+            for s, e in zip(starts, ends):
+                flags = int(arr["pin"][s]) | (int(not arr["live"][s]) << 1) | ((int(arr["msg"][s]) + 1) << 2)
+                regions.append((int(s), int(e), REGIONS[arr["reg"][s]], flags))
+        with self._archive.transaction():
+            self._archive.put_agent(a.id, priority=a.priority, labels={"budget": a.budget, "eviction": a.eviction, **a.labels})
+            self._archive.put_ledger(a.id, arr["tok"], regions)
+            if state is not None:
+                self._tiers["cold"].put(a.id, state)
+
+    def _resume_from_archive(self) -> None:
+        """Register every archived agent as COLD (states load lazily, on first call)."""
+        assert self._archive is not None
+        from agentmem.engine.chat_format import REGIONS
+
+        code = {r: i for i, r in enumerate(REGIONS)}
+        for rec in self._archive.list_agents():
+            led = self._archive.get_ledger(rec.agent_id)
+            if led is None:
+                continue
+            n = len(led.tokens)
+            arrays = {
+                "tok": led.tokens, "reg": np.zeros(n, np.uint8), "pin": np.zeros(n, bool),
+                "msg": np.zeros(n, np.int32), "live": np.ones(n, bool),
+            }
+            for s, e, region, flags in led.regions:
+                arrays["reg"][s:e] = code.get(region, code["text"])
+                arrays["pin"][s:e] = bool(flags & 1)
+                arrays["live"][s:e] = not (flags & 2)
+                arrays["msg"][s:e] = (flags >> 2) - 1
+            a = _Agent(rec.agent_id, ledger=Ledger.from_arrays(arrays))
             try:
-                blob = self.ctx.state_get(a.seq)
-                a.parked = self._park_codec.encode(blob, n_tokens=len(a.ledger))
-            except AgentMemError as exc:
-                logger.warning("could not park agent %r (%s); it will re-prefill when called", a.id, exc)
-                a.parked = None
-                a.ledger.clear()
-        a.parks += 1
-        self._totals["parks"] += 1
-        self.ctx.seq_rm(a.seq)
-        self._release_seq(a)
+                a.priority = priority_weight(rec.priority)
+            except AgentMemError:
+                a.priority = 1
+            labels = dict(rec.labels)
+            a.budget = int(labels.pop("budget", 0) or 0)
+            a.eviction = str(labels.pop("eviction", "") or "")
+            a.labels = labels
+            a.tier = "cold" if rec.state_bytes else "empty"
+            if a.tier == "empty":
+                a.ledger.clear()  # nothing decoded is kept: the next call prefills
+            self._agents[a.id] = a
+            self._totals["resumed_agents"] += 1
+        if self._agents:
+            logger.info("resumed %d agent(s) from %s", len(self._agents), self.config.archive_path)
 
-    def _restore(self, a: _Agent, seq: int) -> bool:
-        """Load ``a``'s parked state into ``seq``; on any failure re-prefill later."""
-        parked, a.parked = a.parked, None
-        assert parked is not None
-        try:
-            blob = self._park_codec.decode(parked)
-            n = self.ctx.state_set(seq, blob)
-            if n == 0:
+    # ------------------------------------------------------------------ internals: moving states
+    def _move(self, a: _Agent, dst: str) -> None:
+        """Move ``a``'s state to tier ``dst`` (``hot`` needs ``a.seq`` assigned): the one transition path.
+
+        Raises :class:`StateError` when a stored state is unusable (the caller
+        falls back to re-prefill).
+        """
+        src = "hot" if (a.seq is not None and dst != "hot") else a.tier
+        info = self._info(a)
+        if dst == "hot":
+            assert a.seq is not None
+            stored = self._tiers[src].get(a.id) if src in self._tiers else None
+            if stored is None:
+                raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+            blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            if self.ctx.state_set(a.seq, blob) == 0:
                 raise StateError("llama_state_seq_set_data rejected the blob")
-            pos_max = self.ctx.seq_pos_max(seq)
-            if pos_max != len(a.ledger) - 1:
-                raise StateError(f"restored state ends at position {pos_max}, ledger has {len(a.ledger)} tokens")
-        except AgentMemError as exc:
-            logger.warning("restore of agent %r failed (%s); falling back to re-prefill", a.id, exc)
-            self.ctx.seq_rm(seq)
-            a.ledger.clear()
-            a.restore_failures += 1
-            self._totals["restore_failures"] += 1
-            return False
-        a.restores += 1
-        self._totals["restores"] += 1
-        return True
+            pos_max = self.ctx.seq_pos_max(a.seq)
+            if pos_max != a.ledger.n_live - 1:
+                raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
+            if src == "warm":
+                self._tiers["warm"].delete(a.id)
+            a.tier = "empty"
+            return
+        codec = self._placement.codec_for(info, dst)
+        if src == "hot":
+            assert a.seq is not None
+            if a.ledger.n_live:
+                state = self._codec(codec).encode(self.ctx.state_get(a.seq), n_tokens=a.ledger.n_live)
+                self._store(a, dst, state)
+            self.ctx.seq_rm(a.seq)
+            self._release_seq(a)
+            a.counters["parks"] += 1
+            self._totals["parks"] += 1
+            return
+        stored = self._tiers[src].get(a.id)
+        if stored is None:
+            raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+        if stored.codec != codec:  # transcode through f16
+            blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            stored = self._codec(codec).encode(blob, n_tokens=stored.n_tokens)
+        self._store(a, dst, stored)
+        if src == "warm":
+            self._tiers["warm"].delete(a.id)
+        a.counters["demotions"] += 1
+        self._totals["demotions"] += 1
 
-    def _acquire_seq(self, a: _Agent) -> str:
+    def _store(self, a: _Agent, tier: str, state: ParkedState) -> None:
+        if tier == "cold":
+            self._persist(a, state)
+        else:
+            self._tiers[tier].put(a.id, state)
+        a.tier = tier
+
+    def _drop_state(self, a: _Agent) -> None:
+        """Forget ``a``'s stored state (its ledger is cleared: the next call prefills)."""
+        for t in self._tiers.values():
+            t.delete(a.id)
+        a.tier = "empty"
+        a.ledger.clear()
+        self._totals["drops"] += 1
+
+    def _rebalance(self) -> None:
+        """Apply the byte budgets of WARM and COLD with hysteresis."""
+        cfg = self.config
+        for tier, budget in (("warm", cfg.warm_budget_bytes), ("cold", cfg.cold_budget_bytes)):
+            if not budget or tier not in self._tiers:
+                continue
+            t = self._tiers[tier]
+            if t.total_bytes() <= cfg.watermark_high * budget:
+                continue
+            members = [self._agents[x] for x in t.agents() if x in self._agents and self._agents[x].tier == tier]
+            order = self._placement.demotion_order([self._info(x) for x in members if not x.busy])
+            for info in order:
+                if t.total_bytes() <= cfg.watermark_low * budget:
+                    break
+                x = self._agents[info.id]
+                if tier == "warm" and "cold" in self._tiers:
+                    try:
+                        self._move(x, "cold")
+                        continue
+                    except AgentMemError as exc:
+                        logger.warning("demotion of %r to cold failed (%s); dropping its state", x.id, exc)
+                logger.info("%s budget exceeded: dropping the state of %r (it will re-prefill)", tier, x.id)
+                self._drop_state(x)
+
+    def _acquire_seq(self, a: _Agent, *, prefetch: bool = False) -> str:
         """Make ``a`` resident (under the lock). Returns ``reused``/``restored``/``fresh``."""
         if a.seq is not None:
             return "reused"
         while not self._free_seqs:
-            idle = [x for x in self._agents.values() if x.seq is not None and not x.busy]
+            idle = [x for x in self._agents.values() if x.seq is not None and not x.busy and x is not a]
             if idle:
-                self._park(min(idle, key=lambda x: x.last_used))
+                victim = self._agents[self._placement.demotion_order([self._info(x) for x in idle])[0].id]
+                if victim.prefetched:
+                    self._totals["prefetch_wasted"] += 1
+                    victim.prefetched = False
+                self._move(victim, "warm")
+                self._rebalance()
                 break
+            if prefetch:
+                return "busy"
             logger.debug("agent %r waits for a free sequence", a.id)
             self._cond.wait()
         a.seq = self._free_seqs.pop()
-        if a.parked is not None:
-            return "restored" if self._restore(a, a.seq) else "fresh"
+        if a.tier in self._tiers:
+            src = a.tier
+            try:
+                self._move(a, "hot")
+            except AgentMemError as exc:
+                level = logging.WARNING if not isinstance(exc, FingerprintMismatch) else logging.WARNING
+                logger.log(level, "restore of agent %r from %s failed (%s); falling back to re-prefill", a.id, src, exc)
+                self.ctx.seq_rm(a.seq)
+                lost = a.ledger.n_live
+                self._drop_state(a)
+                a.counters["restore_failures"] += 1
+                self._totals["restore_failures"] += 1
+                if isinstance(exc, FingerprintMismatch) and lost:
+                    logger.warning("agent %r: re-prefilling %d tokens from the stored ledger", a.id, lost)
+                return "fresh"
+            self._tier_hits[src] += 1
+            a.counters["restores"] += 1
+            self._totals["restores"] += 1
+            return "restored"
         return "fresh"
 
-    def _free_cells(self, keep: _Agent) -> bool:
-        """Park one idle resident agent (not ``keep``) to make room in the context."""
-        idle = [x for x in self._agents.values() if x.seq is not None and not x.busy and x is not keep and len(x.ledger)]
+    def _make_room(self, keep: _Agent) -> bool:
+        """Park one idle resident agent (not ``keep``) to free KV cells."""
+        idle = [x for x in self._agents.values() if x.seq is not None and not x.busy and x is not keep and x.ledger.n_live]
         if not idle:
             return False
-        self._park(min(idle, key=lambda x: x.last_used))
+        self._move(self._agents[self._placement.demotion_order([self._info(x) for x in idle])[0].id], "warm")
+        self._rebalance()
         return True
 
-    def _decode(self, a: _Agent, tokens: Sequence[int], spans: Any, sampler: Sampler | None) -> int | None:
+    # ------------------------------------------------------------------ internals: eviction
+    def _budget(self, a: _Agent) -> int:
+        return a.budget or self.config.agent_budget_tokens
+
+    def _evict(self, a: _Agent, target: int) -> float:
+        """Evict ``a`` down to ``target`` live tokens with its policy; returns seconds spent."""
+        t0 = time.perf_counter()
+        led = a.ledger
+        live = led.live
+        msg = led.messages[live]
+        turn = np.where(msg < 0, a.n_messages, msg).astype(np.int32)
+        last_msg = a.n_messages - 1
+        recent = led.tokens[(led.messages == last_msg) & live] if last_msg >= 0 else np.zeros(0, np.int32)
+        view = LedgerView(
+            tokens=led.live_tokens(), regions=led.regions[live], pinned=led.pinned[live], turn=turn,
+            current_turn=a.n_messages, recent=recent,
+        )
+        policy = self._eviction_policy(a.eviction or self.config.eviction)
+        ranges = policy.select(view, target=target, block=self.config.eviction_block)
+        if not ranges:
+            return time.perf_counter() - t0
+        assert a.seq is not None
+        for s, e in reversed(ranges):
+            self.ctx.seq_rm(a.seq, s, e)
+            self.ctx.seq_add(a.seq, e, -1, -(e - s))
+        hist = led.evict_live(ranges)
+        # archive the evicted text, one row per contiguous history run
+        cuts = np.flatnonzero(np.diff(hist) != 1) + 1
+        rows = []
+        from agentmem.engine.chat_format import REGIONS
+
+        regs = led.regions
+        for run in np.split(hist, cuts):
+            if run.size:
+                text = self.model.detokenize(led.tokens[run].tolist())
+                rows.append((int(run[0]), int(run[-1]) + 1, REGIONS[regs[run[0]]], text))
+        if rows:
+            self._recall_store.add_evicted_spans(a.id, rows)
+        counts = np.bincount(regs[hist], minlength=len(REGIONS))
+        for i, c in enumerate(counts):
+            if c:
+                a.evicted_regions[REGIONS[i]] = a.evicted_regions.get(REGIONS[i], 0) + int(c)
+        a.counters["evictions"] += 1
+        a.counters["evicted_tokens"] += int(hist.size)
+        self._totals["evictions"] += 1
+        self._totals["evicted_tokens"] += int(hist.size)
+        dt = time.perf_counter() - t0
+        logger.debug("agent %r: evicted %d tokens in %d ranges (%.2f ms)", a.id, hist.size, len(ranges), 1e3 * dt)
+        return dt
+
+    # ------------------------------------------------------------------ internals: decode
+    def _decode(self, a: _Agent, tokens: Sequence[int], spans: Any, sampler: Sampler | None, t: Timings) -> int | None:
         """Decode ``tokens`` after ``a``'s ledger; sample one token if ``sampler``.
 
         Decoding and sampling happen under one lock hold so no other sequence's
-        decode can overwrite the logits in between.
+        decode can overwrite the logits in between. With a token budget, the
+        agent is trimmed before a chunk would push it over.
         """
         n = len(tokens)
         step = self.ctx.n_batch
+        budget = self._budget(a)
         with self._lock:
             start = 0
             while start < n:
                 chunk = tokens[start : start + step]
-                pos0 = len(a.ledger)
+                if budget and a.ledger.n_live + len(chunk) + 1 > budget:
+                    target = max(0, min(int(budget * self.config.eviction_low), budget - len(chunk) - 1))
+                    t.evict_s += self._evict(a, target)
+                pos0 = a.ledger.n_live
                 assert a.seq is not None
+                if pos0 + len(chunk) >= self.capacity:
+                    raise ContextOverflowError(
+                        f"agent {a.id!r} would hold {pos0 + len(chunk)} tokens; capacity is {self.capacity}"
+                        + (" even after eviction (pinned tokens?)" if budget else ""),
+                        n_tokens=pos0 + n - start,
+                        capacity=self.capacity,
+                    )
                 try:
                     idx = self.ctx.decode_run(a.seq, chunk, pos0)
                 except EngineError as exc:
-                    if getattr(exc, "code", None) == 1 and self._free_cells(a):
-                        continue  # room was made; retry this chunk
+                    if getattr(exc, "code", None) == 1 and self._make_room(a):
+                        continue  # cells were freed; retry this chunk
                     if getattr(exc, "code", None) == 1:
                         raise ContextOverflowError(
                             f"the shared context ({self.ctx.n_ctx} cells) is full and no idle agent can be parked; "
@@ -527,20 +891,27 @@ class MemoryPool:
                             capacity=self.ctx.n_ctx,
                         ) from exc
                     raise
-                a.ledger.extend(chunk, spans)
+                if spans is None:
+                    a.ledger.extend(chunk, None, region="assistant", message=a.n_messages)
+                else:
+                    a.ledger.extend(chunk, spans)
                 start += len(chunk)
             if sampler is None:
                 return None
             return sampler.sample(self.ctx.ptr, idx)
 
-    def _run(self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams) -> Iterator[str | ChatResult]:
+    def _run(self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int) -> Iterator[str | ChatResult]:
         self._check_open()
         t0 = time.perf_counter()
         n_prompt = len(prompt.tokens)
-        if n_prompt >= self.capacity:
+        with self._lock:
+            a = self._agents.get(agent_id)
+            budget = self._budget(a) if a else self.config.agent_budget_tokens
+        if not budget and n_prompt >= self.capacity:
             raise ContextOverflowError(
                 f"prompt of agent {agent_id!r} has {n_prompt} tokens; the agent capacity is {self.capacity} "
-                f"(need at least one free cell to generate). Shorten the history or raise n_ctx/agent_capacity.",
+                f"(need at least one free cell to generate). Shorten the history, raise n_ctx/agent_capacity, "
+                f"or set agent_budget_tokens to evict instead.",
                 n_tokens=n_prompt,
                 capacity=self.capacity,
             )
@@ -549,40 +920,55 @@ class MemoryPool:
             if a is None:
                 a = self._agents[agent_id] = _Agent(agent_id)
             a.busy += 1
-            a.calls += 1
+            a.counters["calls"] += 1
             self._totals["calls"] += 1
+            self._predictor.observe(agent_id)
         sampler: Sampler | None = None
+        timings = Timings()
         try:
             with self._lock:
                 tr = time.perf_counter()
+                had_state = a.tier in self._tiers
+                if a.seq is not None:
+                    self._tier_hits["hot"] += 1
+                    if a.prefetched:
+                        self._totals["prefetch_hits"] += 1
+                elif had_state and self._prefetch_q is not None:
+                    self._totals["prefetch_misses"] += 1
+                a.prefetched = False
                 how = self._acquire_seq(a)
-                restore_s = time.perf_counter() - tr if how != "reused" else 0.0
+                if how == "fresh" and not had_state and len(a.ledger) == 0:
+                    self._tier_hits["miss"] += 1
+                timings.restore_s = time.perf_counter() - tr if how == "restored" else 0.0
                 assert a.seq is not None
+                a.n_messages = n_messages
                 n_keep = min(a.ledger.common_prefix(prompt.tokens), n_prompt - 1)
-                if 0 < n_keep < len(a.ledger) and self.model.n_swa > 0:
-                    # A restored state carries only the last window of the sliding-window
-                    # layers; cutting back below it would leave them without history.
-                    pmin = self.ctx.seq_pos_min(a.seq)
-                    if pmin > max(0, n_keep - self.model.n_swa + 1):
-                        logger.debug("agent %r: SWA cells start at %d, cannot cut to %d; re-prefilling", a.id, pmin, n_keep)
-                        n_keep = 0
                 if n_keep < len(a.ledger):
-                    self.ctx.seq_rm(a.seq, n_keep, -1)
-                    a.ledger.truncate(n_keep)
+                    keep_live = a.ledger.live_before(n_keep)
+                    if 0 < keep_live < a.ledger.n_live and self.model.n_swa > 0:
+                        # A restored state carries only the last window of the sliding-window
+                        # layers; cutting back below it would leave them without history.
+                        pmin = self.ctx.seq_pos_min(a.seq)
+                        if pmin > max(0, keep_live - self.model.n_swa + 1):
+                            logger.debug("agent %r: SWA cells start at %d, cannot cut to %d; re-prefilling", a.id, pmin, keep_live)
+                            n_keep = 0
+                    keep_live = a.ledger.truncate(n_keep)
+                    self.ctx.seq_rm(a.seq, keep_live, -1)
                 kv = "restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled")
             sampler = Sampler(self.model.vocab, self.model.n_vocab, params) if params.max_tokens > 0 else None
             tp = time.perf_counter()
             new = prompt.tokens[n_keep:]
-            tok = self._decode(a, new, prompt.spans, sampler)
+            tok = self._decode(a, new, prompt.spans, sampler, timings)
             t_first = time.perf_counter()
-            prefill_s = t_first - tp
-            a.prefill_tokens += len(new)
-            a.cached_tokens += n_keep
+            timings.prefill_s = t_first - tp
+            a.counters["prefill_tokens"] += len(new)
+            a.counters["cached_tokens"] += n_keep
             self._totals["prefill_tokens"] += len(new)
             self._totals["cached_tokens"] += n_keep
             asm = TextAssembler(params.stop)
             completion: list[int] = []
             finish = "length"
+            budget = self._budget(a)
             while tok is not None:
                 if self.model.is_eog(tok):
                     finish = "stop"
@@ -594,31 +980,28 @@ class MemoryPool:
                 if asm.stopped:
                     finish = "stop"
                     break
-                if len(completion) >= params.max_tokens or len(a.ledger) + 1 >= self.capacity:
+                if len(completion) >= params.max_tokens or (not budget and a.ledger.n_live + 1 >= self.capacity):
                     break
-                tok = self._decode(a, (tok,), None, sampler)
+                tok = self._decode(a, (tok,), None, sampler, timings)
             tail = asm.flush()
             if tail:
                 yield tail
             t_end = time.perf_counter()
+            timings.ttft_s = t_first - t0
+            timings.decode_s = t_end - t_first
+            timings.total_s = t_end - t0
             result = ChatResult(
                 agent_id=agent_id,
                 text=asm.text,
                 finish_reason=finish,
                 usage=Usage(prompt_tokens=n_prompt, cached_tokens=n_keep, completion_tokens=len(completion)),
-                timings=Timings(
-                    ttft_s=t_first - t0,
-                    restore_s=restore_s,
-                    prefill_s=prefill_s,
-                    decode_s=t_end - t_first,
-                    total_s=t_end - t0,
-                ),
+                timings=timings,
                 kv=kv,
                 tokens=completion,
             )
             logger.debug(
                 "agent %r: %s, prompt=%d cached=%d new=%d ttft=%.1fms",
-                agent_id, kv, n_prompt, n_keep, len(new), 1e3 * result.timings.ttft_s,
+                agent_id, kv, n_prompt, n_keep, len(new), 1e3 * timings.ttft_s,
             )
             yield result
         finally:
@@ -628,6 +1011,30 @@ class MemoryPool:
                 a.busy -= 1
                 a.last_used = time.monotonic()
                 self._cond.notify_all()
+            if self._prefetch_q is not None:
+                nxt = self._predictor.predict(agent_id)
+                if nxt is not None and nxt != agent_id:
+                    self._prefetch_q.put(nxt)
+
+    # ------------------------------------------------------------------ internals: prefetch
+    def _prefetch_worker(self) -> None:
+        assert self._prefetch_q is not None
+        while True:
+            aid = self._prefetch_q.get()
+            if aid is None:
+                return
+            try:
+                with self._lock:
+                    if self._closed:
+                        return
+                    a = self._agents.get(aid)
+                    if a is None or a.busy or a.seq is not None or a.tier not in self._tiers:
+                        continue
+                    if self._acquire_seq(a, prefetch=True) == "restored":
+                        a.prefetched = True
+                        self._totals["prefetches"] += 1
+            except Exception:  # never let the worker die; the call itself will restore
+                logger.exception("prefetch of %r failed", aid)
 
     async def _drive_async(self, stream: ChatStream) -> AsyncIterator[str | ChatResult]:
         """Run a blocking stream in a worker thread, handing pieces to the loop."""

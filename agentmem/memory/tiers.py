@@ -1,0 +1,140 @@
+"""Where parked KV states live: one interface, an ordered chain built in one place.
+
+* :class:`Tier` — the interface: ``put``/``get``/``delete``/``nbytes`` of
+  :class:`~agentmem.memory.parking.ParkedState` by agent id.
+* :class:`WarmTier` — RAM (a dict of numpy buffers; zero copies on get).
+* :class:`ColdTier` — the SQLite archive (:class:`~agentmem.memory.archive.Archive`);
+  states carry the pool's fingerprint and a checksum, verified on every get.
+* :func:`build_tiers` — the factory: ``[warm]`` or ``[warm, cold]`` in order.
+
+The HOT tier (a live llama.cpp sequence) is the pool's own; moving a state
+between any two tiers is one pool operation (``MemoryPool._move``).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from agentmem.memory.archive import Archive
+from agentmem.memory.parking import ParkedState
+
+__all__ = ["ColdTier", "Tier", "WarmTier", "build_tiers"]
+
+logger = logging.getLogger(__name__)
+
+
+class Tier(abc.ABC):
+    """A store of parked states keyed by agent id."""
+
+    name: str = "tier"
+
+    @abc.abstractmethod
+    def put(self, agent_id: str, state: ParkedState) -> None:
+        """Store (replace) ``agent_id``'s state."""
+
+    @abc.abstractmethod
+    def get(self, agent_id: str) -> ParkedState | None:
+        """The state, or ``None``. Raises :class:`~agentmem.errors.StateError` when it is unusable."""
+
+    @abc.abstractmethod
+    def delete(self, agent_id: str) -> None:
+        """Drop the state if present."""
+
+    @abc.abstractmethod
+    def nbytes(self, agent_id: str) -> int:
+        """Bytes of the stored state (0 when absent)."""
+
+    @abc.abstractmethod
+    def agents(self) -> Iterator[str]:
+        """Ids with a state here."""
+
+    def __contains__(self, agent_id: object) -> bool:
+        return isinstance(agent_id, str) and self.nbytes(agent_id) > 0
+
+    def total_bytes(self) -> int:
+        return sum(self.nbytes(a) for a in self.agents())
+
+
+class WarmTier(Tier):
+    """Parked states in RAM."""
+
+    name = "warm"
+
+    def __init__(self) -> None:
+        self._states: dict[str, ParkedState] = {}
+        self._total = 0
+
+    def put(self, agent_id: str, state: ParkedState) -> None:
+        self.delete(agent_id)
+        self._states[agent_id] = state
+        self._total += state.nbytes
+
+    def get(self, agent_id: str) -> ParkedState | None:
+        return self._states.get(agent_id)
+
+    def delete(self, agent_id: str) -> None:
+        old = self._states.pop(agent_id, None)
+        if old is not None:
+            self._total -= old.nbytes
+
+    def nbytes(self, agent_id: str) -> int:
+        s = self._states.get(agent_id)
+        return s.nbytes if s else 0
+
+    def agents(self) -> Iterator[str]:
+        return iter(list(self._states))
+
+    def total_bytes(self) -> int:
+        return self._total
+
+
+class ColdTier(Tier):
+    """Parked states in the SQLite archive, fingerprinted and checksummed."""
+
+    name = "cold"
+
+    def __init__(self, archive: Archive, fingerprint: Mapping[str, Any]) -> None:
+        self.archive = archive
+        self.fingerprint = dict(fingerprint)
+        self._sizes: dict[str, int] = {}
+        for rec in archive.list_agents():
+            if rec.state_bytes:
+                self._sizes[rec.agent_id] = rec.state_bytes
+
+    def put(self, agent_id: str, state: ParkedState) -> None:
+        self.archive.put_state(
+            agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint, tier="cold"
+        )
+        self._sizes[agent_id] = state.nbytes
+
+    def get(self, agent_id: str) -> ParkedState | None:
+        # raises CodecError (checksum) / FingerprintMismatch (other model/config): both StateErrors
+        st = self.archive.get_state(agent_id, fingerprint=self.fingerprint)
+        if st is None:
+            return None
+        return ParkedState(np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens)
+
+    def delete(self, agent_id: str) -> None:
+        if self._sizes.pop(agent_id, None) is not None:
+            self.archive.delete_state(agent_id)
+
+    def nbytes(self, agent_id: str) -> int:
+        return self._sizes.get(agent_id, 0)
+
+    def agents(self) -> Iterator[str]:
+        return iter(list(self._sizes))
+
+    def total_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+
+def build_tiers(*, archive: Archive | None, fingerprint: Mapping[str, Any]) -> dict[str, Tier]:
+    """The ordered tier chain below HOT: ``warm`` then, with an archive, ``cold``."""
+    chain: dict[str, Tier] = {"warm": WarmTier()}
+    if archive is not None:
+        chain["cold"] = ColdTier(archive, fingerprint)
+    return chain
