@@ -55,73 +55,51 @@ static inline void store_u16(uint8_t *p, uint16_t v) {
     p[1] = (uint8_t)(v >> 8);
 }
 
-/* Exact f16 -> f32 (integer only). */
+/* Exact f16 -> f32 and f32 -> f16 (round to nearest even) without branches, so the
+ * portable loops vectorize on any target (Marat Dukhan's FP16 library, as in ggml).
+ * They use float arithmetic on normal numbers only and so do not depend on
+ * flush-to-zero modes. NaN inputs keep their payload here but are quieted by F16C;
+ * the codec never lets a NaN reach a stored value (inputs are sanitized, outputs
+ * saturated), so the SIMD and portable paths still give identical bytes. */
 static inline float h2f(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalize */
-            uint32_t e = 113; /* 127 - 15 + 1 */
-            while (!(man & 0x400u)) {
-                man <<= 1;
-                e--;
-            }
-            bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (man << 13);
-    }
-    return f32_from_bits(bits);
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const float normalized = f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+    const uint32_t den = 0u - (uint32_t)(two_w < (1u << 27)); /* all ones for zero/subnormal */
+    return f32_from_bits(sign | (f32_bits(denormalized) & den) | (f32_bits(normalized) & ~den));
 }
 
-/* f32 -> f16, round to nearest even (integer only, same results as F16C). */
 static inline uint16_t f2h(float f) {
-    const uint32_t x = f32_bits(f);
-    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) { /* NaN: quiet, payload truncated */
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    }
-    if (ax >= 0x477ff000u) { /* >= 65520 (and inf) -> inf */
-        return (uint16_t)(sign | 0x7c00u);
-    }
-    if (ax >= 0x38800000u) { /* normal f16 */
-        uint32_t r = ax - 0x38000000u;
-        r += 0x0fffu + ((r >> 13) & 1u);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    if (ax < 0x33000000u) { /* below 2^-25: rounds to zero */
-        return sign;
-    }
-    { /* subnormal f16 */
-        const uint32_t e = ax >> 23;
-        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126u - e; /* 14 .. 24 */
-        uint32_t q = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1u);
-        const uint32_t half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u))) {
-            q++;
-        }
-        return (uint16_t)(sign | q);
-    }
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = f32_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t e = shl1_w & 0xFF000000u;
+    const uint32_t small = 0u - (uint32_t)(e < 0x71000000u);
+    const uint32_t bias = (0x71000000u & small) | (e & ~small);
+    base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    const uint32_t nan = 0u - (uint32_t)(shl1_w > 0xFF000000u);
+    return (uint16_t)((sign >> 16) | (0x7E00u & nan) | (nonsign & ~nan));
 }
 
 /* Saturate to the finite f16 range: a value that rounds past 65504 (possible for
  * inputs near the f16 limit) comes back as +/-65504 instead of infinity. */
 static inline float clamp_f16(float v) {
-    v = v > AM_F16_MAX ? AM_F16_MAX : v;
-    return v < -AM_F16_MAX ? -AM_F16_MAX : v;
+    /* same as _mm256_max_ps(_mm256_min_ps(v, MAX), -MAX): a NaN (only from a crafted
+     * scale) becomes +65504 on every path; written with masks so the loop vectorizes */
+    const uint32_t lo = 0u - (uint32_t)(v < AM_F16_MAX);
+    const float a = f32_from_bits((f32_bits(v) & lo) | (f32_bits(AM_F16_MAX) & ~lo));
+    const uint32_t hi = 0u - (uint32_t)(a > -AM_F16_MAX);
+    return f32_from_bits((f32_bits(a) & hi) | (f32_bits(-AM_F16_MAX) & ~hi));
 }
 
 static inline float sanitize(float v) {
-    return fabsf(v) <= AM_F16_MAX ? v : 0.0f;
+    const uint32_t keep = 0u - (uint32_t)(fabsf(v) <= AM_F16_MAX); /* false for inf and NaN */
+    return f32_from_bits(f32_bits(v) & keep);
 }
 
 /* In-place normalized Hadamard transform of one group of R = 32 or 64 floats. */
@@ -151,10 +129,14 @@ static void q8_0_block_scalar(const float *x, uint8_t *out) {
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id2 = id + id;
     store_u16(out, f2h(d));
     for (int j = 0; j < AM_QK; j++) {
-        const float r = roundf(x[j] * id); /* |r| <= 127 for finite input */
-        out[2 + j] = (uint8_t)(int8_t)(int)r;
+        /* roundf(x * id) computed from w = x * 2id == 2 * (x * id) (exact):
+         * floor(|v| + 0.5) == (floor(|2v|) + 1) >> 1; |v| <= 127 for finite input */
+        const float w = x[j] * id2;
+        const int r = ((int)fabsf(w) + 1) >> 1;
+        out[2 + j] = (uint8_t)(int8_t)(w < 0.0f ? -r : r);
     }
 }
 
@@ -218,17 +200,40 @@ size_t am_encoded_size(int type, size_t n, int rot) {
 /* 2. portable group loops                                                    */
 /* ------------------------------------------------------------------------- */
 
+/* m little-endian f16 values between bytes and host uint16 (memcpy on little-endian hosts). */
+static inline void load_f16s(uint16_t *h, const uint8_t *p, size_t m) {
+#if defined(__BYTE_ORDER__) && (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+    for (size_t i = 0; i < m; i++) {
+        h[i] = load_u16(p + 2 * i);
+    }
+#else
+    memcpy(h, p, 2 * m);
+#endif
+}
+
+static inline void store_f16s(uint8_t *p, const uint16_t *h, size_t m) {
+#if defined(__BYTE_ORDER__) && (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+    for (size_t i = 0; i < m; i++) {
+        store_u16(p + 2 * i, h[i]);
+    }
+#else
+    memcpy(p, h, 2 * m);
+#endif
+}
+
 static void quantize_portable(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot) {
     const size_t G = rot ? (size_t)rot : AM_QK;
     const size_t bb = type == AM_TYPE_Q8_0 ? AM_Q8_0_BYTES : AM_Q4_0_BYTES;
     float buf[64];
+    uint16_t h[64];
     for (size_t g0 = 0; g0 < n; g0 += G) {
         const size_t m = n - g0 < G ? n - g0 : G;
-        for (size_t i = 0; i < m; i++) {
-            buf[i] = sanitize(h2f(load_u16(src + 2 * (g0 + i))));
-        }
+        load_f16s(h, src + 2 * g0, m);
         for (size_t i = m; i < G; i++) {
-            buf[i] = 0.0f;
+            h[i] = 0;
+        }
+        for (size_t i = 0; i < G; i++) {
+            buf[i] = sanitize(h2f(h[i]));
         }
         if (rot) {
             fwht_scalar(buf, rot);
@@ -248,6 +253,7 @@ static void dequantize_portable(int type, const uint8_t *src, size_t n, uint8_t 
     const size_t G = rot ? (size_t)rot : AM_QK;
     const size_t bb = type == AM_TYPE_Q8_0 ? AM_Q8_0_BYTES : AM_Q4_0_BYTES;
     float buf[64];
+    uint16_t h[64];
     for (size_t g0 = 0; g0 < n; g0 += G) {
         const size_t m = n - g0 < G ? n - g0 : G;
         for (size_t b = 0; b < G / AM_QK; b++) {
@@ -261,9 +267,10 @@ static void dequantize_portable(int type, const uint8_t *src, size_t n, uint8_t 
         if (rot) {
             fwht_scalar(buf, rot);
         }
-        for (size_t i = 0; i < m; i++) {
-            store_u16(dst + 2 * (g0 + i), f2h(clamp_f16(buf[i])));
+        for (size_t i = 0; i < G; i++) {
+            h[i] = f2h(clamp_f16(buf[i]));
         }
+        store_f16s(dst + 2 * g0, h, m);
     }
 }
 
@@ -320,15 +327,13 @@ AM_TARGET static inline __m256 abs8(__m256 v) {
     return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
 }
 
-/* roundf (half away from zero) of |x| < 2^22, as int32. trunc(x + copysign(0.5, x)) is
- * exact except for |x| = 0.5 - 2^-25, where the sum rounds up to 1; every |x| < 0.5
- * rounds to 0, so those lanes are cleared. */
-AM_TARGET static inline __m256i roundf8(__m256 x) {
-    const __m256 sgn = _mm256_set1_ps(-0.0f);
-    const __m256 half = _mm256_set1_ps(0.5f);
-    const __m256 s = _mm256_add_ps(x, _mm256_or_ps(_mm256_and_ps(x, sgn), half));
-    const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(sgn, x), half, _CMP_GE_OQ);
-    return _mm256_and_si256(_mm256_cvttps_epi32(s), _mm256_castps_si256(big));
+/* roundf(v) from w = 2v (|v| < 2^22): for v >= 0, floor(v + 0.5) == (floor(2v) + 1) >> 1
+ * (floor(2v) is exact: truncation of an exactly doubled value), mirrored for v < 0.
+ * Integer-only after one conversion, so cheaper than roundf8. */
+AM_TARGET static inline __m256i roundf8_2x(__m256 w) {
+    const __m256i t = _mm256_cvttps_epi32(abs8(w));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(t, _mm256_set1_epi32(1)), 1);
+    return _mm256_sign_epi32(r, _mm256_castps_si256(w));
 }
 
 AM_TARGET static inline float hmax8(__m256 v) {
@@ -381,10 +386,10 @@ AM_TARGET static inline void q8_0_block_avx2(const __m256 *v, uint8_t *out) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
-    const __m256 vid = _mm256_set1_ps(id);
+    const __m256 vid2 = _mm256_set1_ps(id + id);
     __m256i q[4];
     for (int r = 0; r < 4; r++) {
-        q[r] = roundf8(_mm256_mul_ps(v[r], vid));
+        q[r] = roundf8_2x(_mm256_mul_ps(v[r], vid2));
     }
     const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
     const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
@@ -473,18 +478,14 @@ AM_TARGET static inline __m256 inv_or_zero(__m256 d) {
     return _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), nz);
 }
 
-/* Eight q8_0 blocks from 256 floats: scales computed 8 at a time. */
-AM_TARGET static void q8_0_chunk_avx2(const float *buf, uint8_t *dst) {
-    __m256 m[8];
-    for (int b = 0; b < 8; b++) {
-        const float *x = buf + 32 * b;
-        m[b] = _mm256_max_ps(_mm256_max_ps(abs8(_mm256_load_ps(x)), abs8(_mm256_load_ps(x + 8))),
-                             _mm256_max_ps(abs8(_mm256_load_ps(x + 16)), abs8(_mm256_load_ps(x + 24))));
-    }
+/* Eight q8_0 blocks from 256 floats (m[b]: lane-wise |x| maxima of block b):
+ * scales computed 8 at a time. */
+AM_TARGET static void q8_0_chunk_avx2(const float *buf, const __m256 *m, uint8_t *dst) {
     const __m256 d = _mm256_div_ps(hmax8x8(m), _mm256_set1_ps(127.0f));
     AM_ALIGN32 float ids[8];
     AM_ALIGN32 uint16_t ds[8];
-    _mm256_store_ps(ids, inv_or_zero(d));
+    /* 2/d: x * (2/d) == 2 * (x * (1/d)) exactly (scaling by a power of two), see roundf8_2x */
+    _mm256_store_ps(ids, _mm256_add_ps(inv_or_zero(d), inv_or_zero(d)));
     _mm_store_si128((__m128i *)ds, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < 8; b++) {
@@ -492,7 +493,7 @@ AM_TARGET static void q8_0_chunk_avx2(const float *buf, uint8_t *dst) {
         uint8_t *out = dst + AM_Q8_0_BYTES * b;
         __m256i q[4];
         for (int r = 0; r < 4; r++) {
-            q[r] = roundf8(_mm256_mul_ps(_mm256_load_ps(buf + 32 * b + 8 * r), vid));
+            q[r] = roundf8_2x(_mm256_mul_ps(_mm256_load_ps(buf + 32 * b + 8 * r), vid));
         }
         const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
         const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
@@ -501,18 +502,10 @@ AM_TARGET static void q8_0_chunk_avx2(const float *buf, uint8_t *dst) {
     }
 }
 
-/* Eight q4_0 blocks from 256 floats. The signed value of largest magnitude comes
+/* Eight q4_0 blocks from 256 floats (mx/mn: lane-wise maxima/minima per block). The signed value of largest magnitude comes
  * from the block's max and min; only when both have that magnitude (a tie between
  * +a and -a) does the first one in block order have to be found by a scan. */
-AM_TARGET static void q4_0_chunk_avx2(const float *buf, uint8_t *dst) {
-    __m256 mx[8], mn[8];
-    for (int b = 0; b < 8; b++) {
-        const float *x = buf + 32 * b;
-        const __m256 v0 = _mm256_load_ps(x), v1 = _mm256_load_ps(x + 8);
-        const __m256 v2 = _mm256_load_ps(x + 16), v3 = _mm256_load_ps(x + 24);
-        mx[b] = _mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3));
-        mn[b] = _mm256_min_ps(_mm256_min_ps(v0, v1), _mm256_min_ps(v2, v3));
-    }
+AM_TARGET static void q4_0_chunk_avx2(const float *buf, const __m256 *mx, const __m256 *mn, uint8_t *dst) {
     const __m256 vmax = hmax8x8(mx);
     const __m256 vmin = hmin8x8(mn);
     const __m256 nmin = _mm256_xor_ps(vmin, _mm256_set1_ps(-0.0f));
@@ -558,7 +551,9 @@ AM_TARGET static void q4_0_chunk_avx2(const float *buf, uint8_t *dst) {
     }
 }
 
-AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot) {
+/* The quantize loop, inlined below once per (type, rot) so that both are constants. */
+AM_TARGET static inline __attribute__((always_inline)) void quantize_avx2_impl(int type, const uint8_t *src,
+                                                                               size_t n, uint8_t *dst, int rot) {
     const size_t G = rot ? (size_t)rot : AM_QK;
     const int nreg = (int)(G / 8);
     const size_t bb = type == AM_TYPE_Q8_0 ? AM_Q8_0_BYTES : AM_Q4_0_BYTES;
@@ -567,6 +562,7 @@ AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint
     __m256 v[8];
     size_t g0 = 0;
     /* whole chunks of 256 values = 8 blocks */
+    __m256 m1[8], m2[8];
     for (; g0 + 256 <= n; g0 += 256) {
         const int finite = all_finite_256(src + 2 * g0);
         for (size_t k = 0; k < 256; k += G) {
@@ -581,11 +577,21 @@ AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint
             for (int r = 0; r < nreg; r++) {
                 _mm256_store_ps(buf + k + 8 * r, v[r]);
             }
+            for (int b = 0; b < nreg / 4; b++) {
+                const __m256 *w = v + 4 * b;
+                const size_t ib = k / AM_QK + (size_t)b;
+                if (type == AM_TYPE_Q8_0) {
+                    m1[ib] = _mm256_max_ps(_mm256_max_ps(abs8(w[0]), abs8(w[1])), _mm256_max_ps(abs8(w[2]), abs8(w[3])));
+                } else {
+                    m1[ib] = _mm256_max_ps(_mm256_max_ps(w[0], w[1]), _mm256_max_ps(w[2], w[3]));
+                    m2[ib] = _mm256_min_ps(_mm256_min_ps(w[0], w[1]), _mm256_min_ps(w[2], w[3]));
+                }
+            }
         }
         if (type == AM_TYPE_Q8_0) {
-            q8_0_chunk_avx2(buf, dst);
+            q8_0_chunk_avx2(buf, m1, dst);
         } else {
-            q4_0_chunk_avx2(buf, dst);
+            q4_0_chunk_avx2(buf, m1, m2, dst);
         }
         dst += 8 * bb;
     }
@@ -612,13 +618,94 @@ AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint
     }
 }
 
-AM_TARGET static void dequantize_avx2(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot) {
+AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot) {
+    if (type == AM_TYPE_Q8_0) {
+        if (rot == 0) {
+            quantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 0);
+        } else if (rot == 32) {
+            quantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 32);
+        } else {
+            quantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 64);
+        }
+    } else {
+        if (rot == 0) {
+            quantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 0);
+        } else if (rot == 32) {
+            quantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 32);
+        } else {
+            quantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 64);
+        }
+    }
+}
+
+/* Dequantize one block straight to f16 when no value can exceed the f16 range
+ * (|q| <= 128 for q8_0, <= 8 for q4_0), so no saturation is needed; returns 0 and
+ * does nothing otherwise. */
+AM_TARGET static inline int q8_0_deblock_store_avx2(const uint8_t *in, uint8_t *out) {
+    const float df = _cvtsh_ss(load_u16(in));
+    if (!(fabsf(df) * 128.0f <= AM_F16_MAX)) {
+        return 0;
+    }
+    const __m256 d = _mm256_set1_ps(df);
+    const __m128i lo = _mm_loadu_si128((const __m128i *)(in + 2));
+    const __m128i hi = _mm_loadu_si128((const __m128i *)(in + 18));
+    const __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+    const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+    const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+    const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+    const __m256i h01 = _mm256_set_m128i(_mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT),
+                                         _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i h23 = _mm256_set_m128i(_mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT),
+                                         _mm256_cvtps_ph(v2, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256((__m256i *)out, h01);
+    _mm256_storeu_si256((__m256i *)(out + 32), h23);
+    return 1;
+}
+
+AM_TARGET static inline int q4_0_deblock_store_avx2(const uint8_t *in, uint8_t *out) {
+    const float df = _cvtsh_ss(load_u16(in));
+    if (!(fabsf(df) * 8.0f <= AM_F16_MAX)) {
+        return 0;
+    }
+    const __m256 d = _mm256_set1_ps(df);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(in + 2));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), eight);                    /* values 0..15 */
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), eight); /* values 16..31 */
+    const __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+    const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+    const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+    const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+    const __m256i h01 = _mm256_set_m128i(_mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT),
+                                         _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i h23 = _mm256_set_m128i(_mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT),
+                                         _mm256_cvtps_ph(v2, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256((__m256i *)out, h01);
+    _mm256_storeu_si256((__m256i *)(out + 32), h23);
+    return 1;
+}
+
+AM_TARGET static inline __attribute__((always_inline)) void dequantize_avx2_impl(int type, const uint8_t *src,
+                                                                                 size_t n, uint8_t *dst, int rot) {
     const size_t G = rot ? (size_t)rot : AM_QK;
     const int nreg = (int)(G / 8);
     const size_t bb = type == AM_TYPE_Q8_0 ? AM_Q8_0_BYTES : AM_Q4_0_BYTES;
     uint8_t tail[128];
     __m256 v[8];
-    for (size_t g0 = 0; g0 < n; g0 += G) {
+    size_t g0 = 0;
+    if (!rot) { /* whole blocks straight to f16; a block that might overflow takes the general path */
+        if (type == AM_TYPE_Q8_0) {
+            for (; g0 + AM_QK <= n && q8_0_deblock_store_avx2(src, dst + 2 * g0); g0 += AM_QK) {
+                src += bb;
+            }
+        } else {
+            for (; g0 + AM_QK <= n && q4_0_deblock_store_avx2(src, dst + 2 * g0); g0 += AM_QK) {
+                src += bb;
+            }
+        }
+    }
+    for (; g0 < n; g0 += G) {
         for (int b = 0; b < nreg / 4; b++) {
             if (type == AM_TYPE_Q8_0) {
                 q8_0_deblock_avx2(src, v + 4 * b);
@@ -635,6 +722,26 @@ AM_TARGET static void dequantize_avx2(int type, const uint8_t *src, size_t n, ui
         } else {
             store_group(tail, v, nreg);
             memcpy(dst + 2 * g0, tail, 2 * (n - g0));
+        }
+    }
+}
+
+AM_TARGET static void dequantize_avx2(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot) {
+    if (type == AM_TYPE_Q8_0) {
+        if (rot == 0) {
+            dequantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 0);
+        } else if (rot == 32) {
+            dequantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 32);
+        } else {
+            dequantize_avx2_impl(AM_TYPE_Q8_0, src, n, dst, 64);
+        }
+    } else {
+        if (rot == 0) {
+            dequantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 0);
+        } else if (rot == 32) {
+            dequantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 32);
+        } else {
+            dequantize_avx2_impl(AM_TYPE_Q4_0, src, n, dst, 64);
         }
     }
 }
@@ -825,4 +932,49 @@ uint64_t am_checksum(const uint8_t *p, size_t n) {
         acc += fold_word(load_u64(last), (uint64_t)(n_words + 1) * AM_K1);
     }
     return fmix64(acc ^ ((uint64_t)n * AM_K2));
+}
+
+static int span_ok(int64_t off, int64_t len, size_t size) {
+    return off >= 0 && len >= 0 && (uint64_t)off <= size && (uint64_t)len <= size - (uint64_t)off;
+}
+
+int am_run_plan(const int64_t *plan, size_t n_steps, const uint8_t *src, size_t src_size, uint8_t *dst,
+                size_t dst_size, int rot, size_t *bad) {
+    if (rot != 0 && rot != 32 && rot != 64) {
+        *bad = 0;
+        return -1;
+    }
+    for (size_t i = 0; i < n_steps; i++) {
+        const int64_t *s = plan + AM_PLAN_COLS * i;
+        const int64_t op = s[0], type = s[1];
+        int ok = span_ok(s[2], s[3], src_size) && span_ok(s[4], s[5], dst_size);
+        if (ok && op == AM_OP_COPY) {
+            ok = s[3] == s[5];
+        } else if (ok && op == AM_OP_QUANTIZE) {
+            ok = (type == AM_TYPE_Q8_0 || type == AM_TYPE_Q4_0) && s[3] % 2 == 0 &&
+                 (uint64_t)s[5] == am_encoded_size((int)type, (size_t)s[3] / 2, rot);
+        } else if (ok && op == AM_OP_DEQUANTIZE) {
+            ok = (type == AM_TYPE_Q8_0 || type == AM_TYPE_Q4_0) && s[5] % 2 == 0 &&
+                 (uint64_t)s[3] == am_encoded_size((int)type, (size_t)s[5] / 2, rot);
+        } else {
+            ok = 0;
+        }
+        if (!ok) {
+            *bad = i;
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < n_steps; i++) {
+        const int64_t *s = plan + AM_PLAN_COLS * i;
+        const uint8_t *from = src + s[2];
+        uint8_t *to = dst + s[4];
+        if (s[0] == AM_OP_COPY) {
+            memmove(to, from, (size_t)s[3]);
+        } else if (s[0] == AM_OP_QUANTIZE) {
+            am_quantize((int)s[1], from, (size_t)s[3] / 2, to, rot);
+        } else {
+            am_dequantize((int)s[1], from, (size_t)s[5] / 2, to, rot);
+        }
+    }
+    return 0;
 }

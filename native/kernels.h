@@ -53,6 +53,20 @@ int am_dequantize(int type, const uint8_t *src, size_t n, uint8_t *dst, int rot)
  * `block` (32 or 64); n must be a multiple of block. Returns 0 or -1. */
 int am_hadamard_f32(float *x, size_t n, int block);
 
+/* A transcode plan is n_steps rows of AM_PLAN_COLS int64:
+ *   op, type, src_off, src_len, dst_off, dst_len
+ * op AM_OP_COPY copies src_len == dst_len bytes; AM_OP_QUANTIZE turns src_len / 2
+ * f16 values into dst_len == am_encoded_size(type, src_len / 2, rot) bytes;
+ * AM_OP_DEQUANTIZE turns src_len == am_encoded_size(type, dst_len / 2, rot) bytes
+ * into dst_len / 2 f16 values. Every step is checked against the buffer bounds
+ * before any is run. Returns 0, or -1 with *bad set to the first invalid step. */
+#define AM_PLAN_COLS 6
+#define AM_OP_COPY 0
+#define AM_OP_QUANTIZE 1
+#define AM_OP_DEQUANTIZE 2
+int am_run_plan(const int64_t *plan, size_t n_steps, const uint8_t *src, size_t src_size, uint8_t *dst,
+                size_t dst_size, int rot, size_t *bad);
+
 /* The "mulfold64" checksum of n bytes (see codec.py for the definition). */
 uint64_t am_checksum(const uint8_t *p, size_t n);
 

@@ -135,6 +135,38 @@ done:
     return result;
 }
 
+/* run_plan(plan, src, dst, rot): plan is a C-contiguous int64 buffer of 6-column rows. */
+static PyObject *py_run_plan(PyObject *self, PyObject *args) {
+    Py_buffer plan, src, dst;
+    int rot, rc;
+    size_t bad = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*w*i:run_plan", &plan, &src, &dst, &rot)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (plan.len % (Py_ssize_t)(AM_PLAN_COLS * sizeof(int64_t)) != 0 || ((uintptr_t)plan.buf % sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "plan must be an aligned int64 buffer of 6-column rows");
+        goto done;
+    }
+    const size_t n_steps = (size_t)plan.len / (AM_PLAN_COLS * sizeof(int64_t));
+    Py_BEGIN_ALLOW_THREADS
+    rc = am_run_plan((const int64_t *)plan.buf, n_steps, (const uint8_t *)src.buf, (size_t)src.len,
+                     (uint8_t *)dst.buf, (size_t)dst.len, rot, &bad);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "plan step %zu is out of bounds or inconsistent (rot=%d)", bad, rot);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&plan);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyObject *py_checksum(PyObject *self, PyObject *args) {
     Py_buffer buf;
     uint64_t h;
@@ -179,6 +211,9 @@ static PyMethodDef methods[] = {
      "dequantize(type, src, dst, n, rot) -> None: ggml blocks of src into n f16 values in dst."},
     {"hadamard", py_hadamard, METH_VARARGS,
      "hadamard(buf, block) -> None: normalized Hadamard transform of float32 groups, in place."},
+    {"run_plan", py_run_plan, METH_VARARGS,
+     "run_plan(plan, src, dst, rot) -> None: run a checked transcode plan (int64 rows: op, type, "
+     "src_off, src_len, dst_off, dst_len; op 0 copy, 1 quantize, 2 dequantize)."},
     {"checksum", py_checksum, METH_VARARGS, "checksum(buf) -> int: the 64-bit mulfold64 checksum."},
     {"simd", py_simd, METH_NOARGS, "simd() -> str: 'avx2+f16c' or 'portable' (the kernels in use)."},
     {"simd_available", py_simd_available, METH_NOARGS, "simd_available() -> bool."},

@@ -78,7 +78,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Literal, Protocol
+from typing import Any, ClassVar, Final, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -192,8 +192,7 @@ _TRAILER: Final = struct.Struct("<Q")
 # --------------------------------------------------------------------------- layout
 
 
-@dataclass(frozen=True, slots=True)
-class TensorLayout:
+class TensorLayout(NamedTuple):
     """One layer's K or V data inside a blob (offsets relative to the blob start).
 
     Attributes:
@@ -355,21 +354,24 @@ class _Reader:
         self.pos = 0
         self.what = what
 
-    def need(self, n_bytes: int, field_name: str) -> None:
+    # ``name % args`` names the field in the error; it is formatted only on failure.
+    def need(self, n_bytes: int, name: str, *args: object) -> None:
         if n_bytes < 0 or self.pos + n_bytes > self.n:
             raise CodecError(
-                f"{self.what} truncated: {field_name} needs {n_bytes} bytes at offset {self.pos}, "
+                f"{self.what} truncated: {name % args} needs {n_bytes} bytes at offset {self.pos}, "
                 f"{self.n - self.pos} left"
             )
 
-    def unpack(self, st: struct.Struct, field_name: str) -> tuple[int, ...]:
-        self.need(st.size, field_name)
+    def unpack(self, st: struct.Struct, name: str, *args: object) -> tuple[Any, ...]:
+        if self.pos + st.size > self.n:
+            self.need(st.size, name, *args)
         values = st.unpack_from(self.buf, self.pos)
         self.pos += st.size
         return values
 
-    def skip(self, n_bytes: int, field_name: str) -> int:
-        self.need(n_bytes, field_name)
+    def skip(self, n_bytes: int, name: str, *args: object) -> int:
+        if n_bytes < 0 or self.pos + n_bytes > self.n:
+            self.need(n_bytes, name, *args)
         start = self.pos
         self.pos += n_bytes
         return start
@@ -402,7 +404,7 @@ def _check_type(r: _Reader, ggml_type: int, what: str) -> tuple[str, int, int]:
 def _parse_cells(r: _Reader, n_cells: int, ext: int) -> np.ndarray:
     """Read ``n_cells`` cell records; return their positions (int32, read-only)."""
     min_cell = 8 + ext + 4
-    r.need(n_cells * min_cell, f"{n_cells} cell records")
+    r.need(n_cells * min_cell, "%s cell records", n_cells)
     start = r.pos
     positions: np.ndarray | None = None
     if ext % 4 == 0:
@@ -420,12 +422,12 @@ def _parse_cells(r: _Reader, n_cells: int, ext: int) -> np.ndarray:
     if positions is None:
         positions = np.empty(n_cells, dtype=np.int32)
         for i in range(n_cells):
-            pos, n_seq = r.unpack(_CELL, f"cell {i}")
+            pos, n_seq = r.unpack(_CELL, "cell %s", i)
             if ext:
-                r.skip(ext, f"cell {i} extension")
+                r.skip(ext, "cell %s extension", i)
             if n_seq > LLAMA_MAX_SEQ:
                 raise CodecError(f"{r.what}: cell {i} claims {n_seq} sequence ids")
-            r.need(4 * n_seq, f"cell {i} seq ids")
+            r.need(4 * n_seq, "cell %s seq ids", i)
             ids = np.frombuffer(r.buf, dtype="<i4", count=n_seq, offset=r.pos)
             if n_seq and (int(ids.min()) < 0 or int(ids.max()) >= LLAMA_MAX_SEQ):
                 raise CodecError(f"{r.what}: cell {i} has a seq_id outside [0, {LLAMA_MAX_SEQ})")
@@ -440,24 +442,24 @@ def _parse_cells(r: _Reader, n_cells: int, ext: int) -> np.ndarray:
 def _parse_tensors(
     r: _Reader, n_cells: int, v_trans: bool, n_layer: int, size_fn: _SizeFn
 ) -> tuple[tuple[TensorLayout, ...], tuple[TensorLayout, ...]]:
-    r.need(n_layer * 24, f"{n_layer} layer headers")  # >= 12 bytes of header per K and per V
+    r.need(n_layer * 24, "%s layer headers", n_layer)  # >= 12 bytes of header per K and per V
     ks: list[TensorLayout] = []
     for il in range(n_layer):
         hdr = r.pos
-        ggml_type, row_size = r.unpack(_K_HDR, f"K header of layer {il}")
+        ggml_type, row_size = r.unpack(_K_HDR, "K header of layer %s", il)
         name, blck, tsize = _check_type(r, ggml_type, f"K of layer {il}")
         if row_size == 0 or row_size % tsize:
             raise CodecError(f"{r.what}: K row size {row_size} of layer {il} is not a whole number of {name} blocks")
         n_embd = row_size // tsize * blck
         raw = n_cells * row_size
         size = size_fn("k", ggml_type, n_embd * n_cells, raw)
-        start = r.skip(size, f"K data of layer {il}")
+        start = r.skip(size, "K data of layer %s", il)
         ks.append(TensorLayout("k", il, ggml_type, False, n_embd, n_cells, row_size, hdr, start, size))
     vs: list[TensorLayout] = []
     for il in range(n_layer):
         hdr = r.pos
         if not v_trans:
-            ggml_type, row_size = r.unpack(_K_HDR, f"V header of layer {il}")
+            ggml_type, row_size = r.unpack(_K_HDR, "V header of layer %s", il)
             name, blck, tsize = _check_type(r, ggml_type, f"V of layer {il}")
             if row_size == 0 or row_size % tsize:
                 raise CodecError(
@@ -466,7 +468,7 @@ def _parse_tensors(
             n_embd = row_size // tsize * blck
             raw = n_cells * row_size
         else:
-            ggml_type, el_size, n_embd = r.unpack(_VT_HDR, f"transposed V header of layer {il}")
+            ggml_type, el_size, n_embd = r.unpack(_VT_HDR, "transposed V header of layer %s", il)
             name, blck, tsize = _check_type(r, ggml_type, f"V of layer {il}")
             if blck != 1 or el_size != tsize:
                 raise CodecError(
@@ -477,7 +479,7 @@ def _parse_tensors(
             row_size = el_size
             raw = n_embd * n_cells * el_size
         size = size_fn("v", ggml_type, n_embd * n_cells, raw)
-        start = r.skip(size, f"V data of layer {il}")
+        start = r.skip(size, "V data of layer %s", il)
         vs.append(TensorLayout("v", il, ggml_type, v_trans, n_embd, n_cells, row_size, hdr, start, size))
     return tuple(ks), tuple(vs)
 
@@ -498,13 +500,13 @@ def _parse(buf: memoryview, *, cell_ext_size: int, size_fn: _SizeFn, what: str) 
         if len(sections) == _MAX_SECTIONS:
             raise CodecError(f"{what}: more than {_MAX_SECTIONS} cache sections (or trailing bytes)")
         s_off = r.pos
-        (n_stream,) = r.unpack(_U32, f"n_stream of section {len(sections)}")
+        (n_stream,) = r.unpack(_U32, "n_stream of section %s", len(sections))
         if not 1 <= n_stream <= LLAMA_MAX_SEQ:
             raise CodecError(f"{what}: section {len(sections)} has n_stream {n_stream}")
-        r.need(4 * n_stream, f"{n_stream} stream headers")
+        r.need(4 * n_stream, "%s stream headers", n_stream)
         streams: list[StreamLayout] = []
         for si in range(n_stream):
-            (n_cells,) = r.unpack(_U32, f"cell_count of stream {si}")
+            (n_cells,) = r.unpack(_U32, "cell_count of stream %s", si)
             cells_off = r.pos
             if n_cells == 0:
                 empty = np.empty(0, dtype=np.int32)
@@ -513,7 +515,7 @@ def _parse(buf: memoryview, *, cell_ext_size: int, size_fn: _SizeFn, what: str) 
                 continue
             positions = _parse_cells(r, n_cells, cell_ext_size)
             cells_size = r.pos - cells_off
-            v_trans, n_layer = r.unpack(_U32_U32, f"v_trans/n_layer of stream {si}")
+            v_trans, n_layer = r.unpack(_U32_U32, "v_trans/n_layer of stream %s", si)
             if v_trans > 1:
                 raise CodecError(f"{what}: v_trans is {v_trans}, expected 0 or 1")
             if n_layer == 0:
@@ -576,6 +578,9 @@ class Kernels(Protocol):
     def checksum(self, data: Buffer) -> int:
         """The 64-bit mulfold64 checksum of ``data``."""
 
+    def run_plan(self, plan: np.ndarray, src: np.ndarray, dst: np.ndarray, rot: int) -> None:
+        """Run a transcode plan (rows ``op, type, src_off, src_len, dst_off, dst_len``)."""
+
 
 def _block_bytes(type_id: int) -> int:
     return 34 if type_id == GGML_Q8_0 else 18
@@ -605,6 +610,14 @@ class NumpyKernels:
     name = "numpy"
 
     def quantize(self, type_id: int, src: np.ndarray, dst: np.ndarray, n: int, rot: int) -> None:
+        with np.errstate(all="ignore"):  # division by zero is masked; inf/NaN are sanitized
+            self._quantize(type_id, src, dst, n, rot)
+
+    def dequantize(self, type_id: int, src: np.ndarray, dst: np.ndarray, n: int, rot: int) -> None:
+        with np.errstate(all="ignore"):  # crafted scales may be inf/NaN; the result saturates
+            self._dequantize(type_id, src, dst, n, rot)
+
+    def _quantize(self, type_id: int, src: np.ndarray, dst: np.ndarray, n: int, rot: int) -> None:
         g = rot or _QK
         n_groups = -(-n // g)
         x = np.zeros(n_groups * g, dtype=np.float32)
@@ -637,7 +650,7 @@ class NumpyKernels:
             out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
         out[:, :2] = d.astype("<f2").view(np.uint8).reshape(nb, 2)
 
-    def dequantize(self, type_id: int, src: np.ndarray, dst: np.ndarray, n: int, rot: int) -> None:
+    def _dequantize(self, type_id: int, src: np.ndarray, dst: np.ndarray, n: int, rot: int) -> None:
         g = rot or _QK
         n_groups = -(-n // g)
         nb = n_groups * (g // _QK)
@@ -653,8 +666,23 @@ class NumpyKernels:
         y = q * d
         if rot:
             y = _np_fwht(y.reshape(n_groups, rot))
-        y = np.clip(y.reshape(-1)[:n], -_F16_MAX, _F16_MAX)  # saturate instead of rounding to inf
+        # saturate instead of rounding to inf; fmin/fmax map a NaN (only a crafted scale
+        # can produce one) to +65504, exactly as the C kernels do
+        y = np.fmax(np.fmin(y.reshape(-1)[:n], _F16_MAX), -_F16_MAX)
         dst[: 2 * n].view("<f2")[:] = y.astype(np.float16)
+
+    def run_plan(self, plan: np.ndarray, src: np.ndarray, dst: np.ndarray, rot: int) -> None:
+        for op, type_id, s_off, s_len, d_off, d_len in plan.tolist():
+            if not (0 <= s_off <= s_off + s_len <= src.size and 0 <= d_off <= d_off + d_len <= dst.size):
+                raise CodecError(f"transcode step out of bounds: {(op, s_off, s_len, d_off, d_len)}")
+            s_view = src[s_off : s_off + s_len]
+            d_view = dst[d_off : d_off + d_len]
+            if op == _OP_COPY:
+                d_view[:] = s_view
+            elif op == _OP_QUANTIZE:
+                self.quantize(type_id, s_view, d_view, s_len // 2, rot)
+            else:
+                self.dequantize(type_id, s_view, d_view, d_len // 2, rot)
 
     def checksum(self, data: Buffer) -> int:
         arr = _as_u8(data, "checksum input")
@@ -708,6 +736,12 @@ class NativeKernels:
 
     def checksum(self, data: Buffer) -> int:
         return int(self._m.checksum(data))
+
+    def run_plan(self, plan: np.ndarray, src: np.ndarray, dst: np.ndarray, rot: int) -> None:
+        try:
+            self._m.run_plan(plan, src, dst, rot)
+        except ValueError as exc:  # a plan that does not fit its buffers: never run, report
+            raise CodecError(f"native transcode refused: {exc}") from exc
 
 
 def _load_native() -> NativeKernels | None:
@@ -1028,49 +1062,40 @@ def encoded_info(encoded: Buffer) -> EncodedInfo:
     return info
 
 
-def _transcode(
-    src: np.ndarray,
-    layout: StateLayout,
-    dst: np.ndarray,
-    dst_base: int,
-    k: Codec,
-    v: Codec,
-    rot: int,
-    kernels: Kernels,
-    encode: bool,
-) -> int:
-    """Copy ``src`` (blob or payload, laid out as ``layout``) into ``dst`` from ``dst_base``.
+_OP_COPY: Final[int] = 0
+_OP_QUANTIZE: Final[int] = 1
+_OP_DEQUANTIZE: Final[int] = 2
 
-    Gaps between tensors (headers, cell metadata) and non-f16 tensors are copied
-    verbatim; f16 tensors are encoded (or decoded) by their codec. Returns the
-    number of bytes written.
+
+def _plan(layout: StateLayout, dst_base: int, k: Codec, v: Codec, rot: int, *, encode: bool) -> tuple[np.ndarray, int]:
+    """The steps that turn a blob into a payload (or back), and the bytes they write.
+
+    Rows are ``(op, type, src_off, src_len, dst_off, dst_len)`` (the layout of
+    ``native/kernels.h``): runs of verbatim bytes (headers, cell metadata, tensors
+    that stay as they are) become one copy each; every f16 tensor whose codec
+    quantizes becomes one quantize (or dequantize) step.
     """
-    s = 0
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    run_start = 0  # start of the pending verbatim run in src
     d = dst_base
     for t in layout.tensors():
-        gap = t.data_offset - s
-        if gap:
-            dst[d : d + gap] = src[s : s + gap]
-            d += gap
         codec = k if t.kind == "k" else v
-        n = t.n_values
-        if t.ggml_type == GGML_F16 and codec.quantized:
-            if encode:
-                out_size = codec.encoded_size(n, rot)
-                codec.encode(kernels, src[t.data_offset : t.data_offset + t.data_size], dst[d : d + out_size], n, rot)
-            else:
-                out_size = 2 * n
-                codec.decode(kernels, src[t.data_offset : t.data_offset + t.data_size], dst[d : d + out_size], n, rot)
-        else:
-            out_size = t.data_size
-            dst[d : d + out_size] = src[t.data_offset : t.data_offset + t.data_size]
-        d += out_size
-        s = t.data_offset + t.data_size
-    tail = src.size - s
+        if t.ggml_type != GGML_F16 or not codec.quantized:
+            continue
+        gap = t.data_offset - run_start
+        if gap:
+            rows.append((_OP_COPY, 0, run_start, gap, d, gap))
+            d += gap
+        out = codec.encoded_size(t.n_values, rot) if encode else 2 * t.n_values
+        op = _OP_QUANTIZE if encode else _OP_DEQUANTIZE
+        rows.append((op, codec.codec_id, t.data_offset, t.data_size, d, out))
+        d += out
+        run_start = t.data_offset + t.data_size
+    tail = layout.n_bytes - run_start
     if tail:
-        dst[d : d + tail] = src[s:]
+        rows.append((_OP_COPY, 0, run_start, tail, d, tail))
         d += tail
-    return d - dst_base
+    return np.array(rows, dtype=np.int64).reshape(-1, 6), d - dst_base
 
 
 def _output_buffer(out: np.ndarray | None, n_bytes: int) -> np.ndarray:
@@ -1136,8 +1161,9 @@ def encode_state(
         out, 0, ENCODED_MAGIC, FORMAT_VERSION, kc.codec_id, vc.codec_id, rot, CHECKSUM_MULFOLD64,
         cell_ext_size, 0, src.size, payload_len,
     )  # fmt: skip
-    written = _transcode(src, layout, out, _HEADER.size, kc, vc, rot, ker, encode=True)
+    plan, written = _plan(layout, _HEADER.size, kc, vc, rot, encode=True)
     assert written == payload_len, f"{written=}, {payload_len=}"
+    ker.run_plan(plan, src, out, rot)
     _TRAILER.pack_into(out, total - _TRAILER.size, ker.checksum(out[: total - _TRAILER.size]))
     out.setflags(write=False)
     return out
@@ -1197,8 +1223,9 @@ def decode_state(encoded: Buffer, *, out: np.ndarray | None = None, kernels: str
     if expected != info.original_bytes:
         raise CodecError(f"encoded state decodes to {expected} bytes but its header says {info.original_bytes}")
     dst = _output_buffer(out, expected)
-    written = _transcode(payload, layout, dst, 0, kc, vc, info.rotate, ker, encode=False)
+    plan, written = _plan(layout, 0, kc, vc, info.rotate, encode=False)
     assert written == expected, f"{written=}, {expected=}"
+    ker.run_plan(plan, payload, dst, info.rotate)
     return dst
 
 

@@ -167,6 +167,29 @@ def test_native_equals_numpy(type_id: int, bb: int, rot: int, simd: bool) -> Non
 
 
 @needs_native
+@pytest.mark.parametrize("simd", [True, False], ids=["simd", "portable"])
+def test_dequantize_arbitrary_blocks_native_equals_numpy(simd: bool) -> None:
+    """Blocks that no encoder writes (huge, infinite or NaN scales, q8_0 value -128)
+    still decode to the same, finite bytes on every path (saturated to +/-65504)."""
+    native = C.KERNELS["native"]._m  # type: ignore[attr-defined]
+    prev = native.set_simd(simd)
+    try:
+        rng = np.random.default_rng(11)
+        for type_id, bb in QUANT:
+            for rot in (0, 32, 64):
+                n = 64 * 20 + 17
+                q = rng.integers(0, 256, C._encoded_size(type_id, n, rot), dtype=np.uint8)
+                scales = q.reshape(-1, bb)[:, :2].view("<u2")
+                scales[::2, 0] = rng.choice([0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00], size=scales[::2].shape[0])
+                a = dequantize_with("native", type_id, q, n, rot)
+                b = dequantize_with("numpy", type_id, q, n, rot)
+                np.testing.assert_array_equal(a, b, err_msg=f"{type_id=} {rot=}")
+                assert np.all(np.isfinite(a.view("<f2")))
+    finally:
+        native.set_simd(prev)
+
+
+@needs_native
 def test_native_random_blocks_equal_numpy_bulk() -> None:
     """A larger random run through the chunked (8 blocks at a time) SIMD path."""
     rng = np.random.default_rng(7)
@@ -409,6 +432,14 @@ def test_encode_returns_read_only_array_and_decode_into_out() -> None:
     res = decode_state(enc, out=buf)
     assert res.base is buf or np.shares_memory(res, buf)
     np.testing.assert_array_equal(res, decode_state(enc))
+    arena = np.zeros(enc.size + 10, np.uint8)
+    enc2 = encode_state(blob, k_codec="q8_0", v_codec="q4_0", out=arena)
+    assert np.shares_memory(enc2, arena) and not enc2.flags.writeable and arena.flags.writeable
+    np.testing.assert_array_equal(enc2, enc)
+    with pytest.raises(CodecError, match="out holds"):
+        encode_state(blob, k_codec="q8_0", out=arena[:100])
+    with pytest.raises(CodecError, match="contiguous"):
+        decode_state(enc, out=np.zeros(2 * len(blob), np.uint8)[::2])
     with pytest.raises(CodecError, match="out holds"):
         decode_state(enc, out=np.zeros(len(blob) - 1, np.uint8))
     with pytest.raises(CodecError, match="writable"):
