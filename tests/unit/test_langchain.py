@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import sys
 import threading
 from typing import Any, Literal
@@ -36,7 +37,7 @@ from agentmem import MemoryPool  # noqa: E402
 from agentmem.engine.chat_format import ToolCall as PoolToolCall  # noqa: E402
 from agentmem.engine.chat_format import tool_calls_text  # noqa: E402
 from agentmem_langchain import AgentMemLLM, ChatAgentMem, close_shared_pools, shared_pool  # noqa: E402
-from agentmem_langchain._grammar import schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
+from agentmem_langchain._grammar import integer_range, schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
 from agentmem_langchain._messages import to_pool_messages  # noqa: E402
 from agentmem_langchain._tools import normalize_tool_choice, parse_tool_calls  # noqa: E402
 from agentmem_langchain.chat_models import _Call, _Holder, _read  # noqa: E402
@@ -500,3 +501,26 @@ def test_agent_lock_serializes_threads(pool: MemoryPool) -> None:
     for t in threads:
         t.join()
     assert peak == 1
+
+
+def _gbnf_to_regex(expr: str) -> str:
+    out = []
+    for tok in re.findall(r'"(?:\\.|[^"\\])*"|\[[^\]]*\]|[()|]|\S+', expr):
+        out.append(re.escape(tok[1:-1]) if tok.startswith('"') else tok)
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"), [(-2, 12), (-999, 999), (0, 0), (7, 123), (-50, -3), (1, None), (None, -7), (100, 1000), (19, 20)]
+)
+def test_integer_range_grammar_is_exact(lo: int | None, hi: int | None) -> None:
+    """Regression: integer bounds were ignored and the base model answered 3000000000000000 for lt=1000."""
+    rx = re.compile("(?:" + _gbnf_to_regex(integer_range(lo, hi)) + ")$")
+    for v in range((lo if lo is not None else -1200) - 30, (hi if hi is not None else 1200) + 31):
+        assert bool(rx.match(str(v))) == ((lo is None or v >= lo) and (hi is None or v <= hi)), v
+    assert not rx.match("-0") and not rx.match("007")
+
+
+def test_schema_bounds_reach_the_grammar() -> None:
+    g = schema_grammar({"type": "integer", "exclusiveMinimum": -1000, "exclusiveMaximum": 1000})
+    assert "[1-9] [0-9] [0-9] )" in g and "[0-9] [0-9] [0-9] [0-9]" not in g
