@@ -31,6 +31,14 @@ class BuildNative(build_ext):
             ext.extra_compile_args = list(flags) + list(ext.extra_compile_args or [])
         super().build_extensions()
 
+    def get_source_files(self) -> list[str]:
+        # Put the headers (``depends``) into the sdist too; older setuptools lists
+        # only the .c sources, and a source build would then miss kernels.h.
+        files = list(super().get_source_files())
+        for ext in self.extensions:
+            files.extend(dep for dep in ext.depends if dep not in files)
+        return files
+
 
 setup(
     ext_modules=[

@@ -69,6 +69,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -688,22 +689,33 @@ class NumpyKernels:
         arr = _as_u8(data, "checksum input")
         n = arr.size
         n_words = n // 8
-        acc = 0
-        k1 = np.uint64(_CK_K1)
-        lo_mask = np.uint64(0xFFFFFFFF)
-        chunk = 1 << 20
-        words_all = arr[: 8 * n_words].view("<u8")
+        words = arr[: 8 * n_words].view("<u8")
+        acc = int(words.sum(dtype=np.uint64))  # the "+ w_i" terms
+        keys = _checksum_keys()
+        chunk = keys.size
+        dk = np.empty(min(chunk, n_words), dtype=np.uint64)
+        prod = np.empty_like(dk)
         for start in range(0, n_words, chunk):
-            w = words_all[start : start + chunk]
-            k = np.arange(start + 1, start + 1 + w.size, dtype=np.uint64) * k1
-            dk = w ^ k
-            p = (dk & lo_mask) * (dk >> np.uint64(32))
-            acc += int(p.sum(dtype=np.uint64)) + int(w.sum(dtype=np.uint64))
+            w = words[start : start + chunk]
+            d = dk[: w.size]
+            np.add(keys[: w.size], np.uint64(start * _CK_K1 & _M64), out=d)  # keys (i + 1) * K1
+            np.bitwise_xor(d, w, out=d)
+            halves = d.view(np.uint32)  # little-endian: low, high 32 bits of each word
+            np.multiply(halves[0::2], halves[1::2], out=prod[: w.size], dtype=np.uint64)
+            acc += int(prod[: w.size].sum(dtype=np.uint64))
         if n % 8:
             last = int.from_bytes(bytes(arr[8 * n_words :]), "little")
-            dk = last ^ ((n_words + 1) * _CK_K1 & _M64)
-            acc += (dk & 0xFFFFFFFF) * (dk >> 32) + last
+            dkl = last ^ ((n_words + 1) * _CK_K1 & _M64)
+            acc += (dkl & 0xFFFFFFFF) * (dkl >> 32) + last
         return _fmix64((acc & _M64) ^ (n * _CK_K2 & _M64))
+
+
+@functools.cache
+def _checksum_keys() -> np.ndarray:
+    """``(i + 1) * K1 mod 2**64`` for the first 65,536 words (a chunk of the numpy checksum)."""
+    keys = np.arange(1, (1 << 16) + 1, dtype=np.uint64) * np.uint64(_CK_K1)
+    keys.setflags(write=False)
+    return keys
 
 
 def _fmix64(h: int) -> int:

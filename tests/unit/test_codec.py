@@ -326,6 +326,9 @@ def test_checksum_native_equals_numpy(simd: bool) -> None:
         data = np.random.default_rng(4).integers(0, 256, 5000, dtype=np.uint8)
         for n in [*range(0, 80), 1000, 4097, 5000]:
             assert C.checksum(data[:n], kernels="native") == C.checksum(data[:n], kernels="numpy"), n
+        big = np.random.default_rng(6).integers(0, 256, 8 * 150_000 + 5, dtype=np.uint8)  # > 2 numpy chunks
+        assert C.checksum(big, kernels="native") == C.checksum(big, kernels="numpy")
+        assert C.checksum(big[1:], kernels="native") == C.checksum(big[1:], kernels="numpy")  # unaligned
     finally:
         native.set_simd(prev)
 
