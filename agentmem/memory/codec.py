@@ -395,10 +395,10 @@ def _raw_size(kind: str, ggml_type: int, n_values: int, raw_size: int) -> int:
     return raw_size
 
 
-def _check_type(r: _Reader, ggml_type: int, what: str) -> tuple[str, int, int]:
+def _check_type(r: _Reader, ggml_type: int, kind: str, layer: int) -> tuple[str, int, int]:
     traits = _GGML_TYPES.get(ggml_type)
     if traits is None:
-        raise CodecError(f"{r.what}: {what} has unknown ggml type {ggml_type} at offset {r.pos - 4}")
+        raise CodecError(f"{r.what}: {kind} of layer {layer} has unknown ggml type {ggml_type} at offset {r.pos - 12}")
     return traits
 
 
@@ -411,9 +411,7 @@ def _parse_cells(r: _Reader, n_cells: int, ext: int) -> np.ndarray:
     if ext % 4 == 0:
         # Fast path: a sequence blob has exactly one seq id per cell -> fixed stride.
         stride = min_cell // 4
-        rec = np.frombuffer(r.buf, dtype="<i4", count=n_cells * stride, offset=start).reshape(
-            n_cells, stride
-        )
+        rec = np.frombuffer(r.buf, dtype="<i4", count=n_cells * stride, offset=start).reshape(n_cells, stride)
         if n_cells == 0 or bool(np.all(rec[:, 1] == 1)):
             seq = rec[:, stride - 1]
             if n_cells and (int(seq.min()) < 0 or int(seq.max()) >= LLAMA_MAX_SEQ):
@@ -448,7 +446,7 @@ def _parse_tensors(
     for il in range(n_layer):
         hdr = r.pos
         ggml_type, row_size = r.unpack(_K_HDR, "K header of layer %s", il)
-        name, blck, tsize = _check_type(r, ggml_type, f"K of layer {il}")
+        name, blck, tsize = _check_type(r, ggml_type, "K", il)
         if row_size == 0 or row_size % tsize:
             raise CodecError(f"{r.what}: K row size {row_size} of layer {il} is not a whole number of {name} blocks")
         n_embd = row_size // tsize * blck
@@ -461,7 +459,7 @@ def _parse_tensors(
         hdr = r.pos
         if not v_trans:
             ggml_type, row_size = r.unpack(_K_HDR, "V header of layer %s", il)
-            name, blck, tsize = _check_type(r, ggml_type, f"V of layer {il}")
+            name, blck, tsize = _check_type(r, ggml_type, "V", il)
             if row_size == 0 or row_size % tsize:
                 raise CodecError(
                     f"{r.what}: V row size {row_size} of layer {il} is not a whole number of {name} blocks"
@@ -470,11 +468,9 @@ def _parse_tensors(
             raw = n_cells * row_size
         else:
             ggml_type, el_size, n_embd = r.unpack(_VT_HDR, "transposed V header of layer %s", il)
-            name, blck, tsize = _check_type(r, ggml_type, f"V of layer {il}")
+            name, blck, tsize = _check_type(r, ggml_type, "V", il)
             if blck != 1 or el_size != tsize:
-                raise CodecError(
-                    f"{r.what}: transposed V of layer {il} has type {name} with element size {el_size}"
-                )
+                raise CodecError(f"{r.what}: transposed V of layer {il} has type {name} with element size {el_size}")
             if n_embd == 0:
                 raise CodecError(f"{r.what}: transposed V of layer {il} has n_embd_v_gqa 0")
             row_size = el_size
@@ -559,7 +555,7 @@ def parse_state(blob: Buffer, *, cell_ext_size: int = 0) -> StateLayout:
             (wrong magic, unknown type, inconsistent sizes, truncated, trailing bytes).
     """
     arr = _as_u8(blob, "state blob")
-    return _parse(memoryview(arr), cell_ext_size=cell_ext_size, size_fn=_raw_size, what="state blob")
+    return _parse(arr.data, cell_ext_size=cell_ext_size, size_fn=_raw_size, what="state blob")
 
 
 # --------------------------------------------------------------------------- kernels
@@ -662,8 +658,7 @@ class NumpyKernels:
             q = blocks[:, 2:].view(np.int8).astype(np.float32)
         else:
             qs = blocks[:, 2:]
-            q = np.concatenate(((qs & 0x0F), (qs >> 4)), axis=1).astype(np.int8) - np.int8(8)
-            q = q.astype(np.float32)
+            q = (np.concatenate(((qs & 0x0F), (qs >> 4)), axis=1).astype(np.int8) - np.int8(8)).astype(np.float32)
         y = q * d
         if rot:
             y = _np_fwht(y.reshape(n_groups, rot))
@@ -893,9 +888,7 @@ class Q4_0Codec(QuantCodec):
     bits_per_value = 4.5
 
 
-CODECS: Final[Mapping[str, Codec]] = MappingProxyType(
-    {c.name: c for c in (F16Codec(), Q8_0Codec(), Q4_0Codec())}
-)
+CODECS: Final[Mapping[str, Codec]] = MappingProxyType({c.name: c for c in (F16Codec(), Q8_0Codec(), Q4_0Codec())})
 """Registered codecs by name."""
 
 _CODECS_BY_ID: Final[Mapping[int, Codec]] = MappingProxyType({c.codec_id: c for c in CODECS.values()})
@@ -1032,7 +1025,7 @@ def _read_header(arr: np.ndarray) -> tuple[EncodedInfo, int]:
     n = arr.size
     if n < _HEADER.size + _TRAILER.size:
         raise CodecError(f"encoded state truncated: {n} bytes, the header alone is {_HEADER.size + _TRAILER.size}")
-    magic, version, k_id, v_id, rot, ck_alg, ext, reserved, orig_len, payload_len = _HEADER.unpack_from(arr, 0)
+    magic, version, k_id, v_id, rot, ck_alg, ext, reserved, orig_len, payload_len = _HEADER.unpack_from(arr.data, 0)
     if magic != ENCODED_MAGIC:
         raise CodecError(f"not an agentmem encoded state (magic {bytes(magic)!r}, expected {ENCODED_MAGIC!r})")
     if version != FORMAT_VERSION:
@@ -1161,7 +1154,7 @@ def encode_state(
     rot = _rotation(rotate) if (kc.quantized or vc.quantized) else 0
     ker = get_kernels(kernels)
     src = _as_u8(blob, "state blob")
-    layout = _parse(memoryview(src), cell_ext_size=cell_ext_size, size_fn=_raw_size, what="state blob")
+    layout = _parse(src.data, cell_ext_size=cell_ext_size, size_fn=_raw_size, what="state blob")
     payload_len = src.size
     for t in layout.tensors():
         codec = kc if t.kind == "k" else vc
@@ -1170,13 +1163,13 @@ def encode_state(
     total = _HEADER.size + payload_len + _TRAILER.size
     out = _output_buffer(out, total)
     _HEADER.pack_into(
-        out, 0, ENCODED_MAGIC, FORMAT_VERSION, kc.codec_id, vc.codec_id, rot, CHECKSUM_MULFOLD64,
+        out.data, 0, ENCODED_MAGIC, FORMAT_VERSION, kc.codec_id, vc.codec_id, rot, CHECKSUM_MULFOLD64,
         cell_ext_size, 0, src.size, payload_len,
     )  # fmt: skip
     plan, written = _plan(layout, _HEADER.size, kc, vc, rot, encode=True)
     assert written == payload_len, f"{written=}, {payload_len=}"
     ker.run_plan(plan, src, out, rot)
-    _TRAILER.pack_into(out, total - _TRAILER.size, ker.checksum(out[: total - _TRAILER.size]))
+    _TRAILER.pack_into(out.data, total - _TRAILER.size, ker.checksum(out[: total - _TRAILER.size]))
     out.setflags(write=False)
     return out
 
@@ -1215,14 +1208,14 @@ def decode_state(encoded: Buffer, *, out: np.ndarray | None = None, kernels: str
     info, payload_len = _read_header(arr)
     ker = get_kernels(kernels)
     body_end = arr.size - _TRAILER.size
-    (stored,) = _TRAILER.unpack_from(arr, body_end)
+    (stored,) = _TRAILER.unpack_from(arr.data, body_end)
     actual = ker.checksum(arr[:body_end])
     if actual != stored:
         raise CodecError(f"encoded state checksum mismatch (stored {stored:#018x}, computed {actual:#018x}): corrupted")
     kc, vc = CODECS[info.k_codec], CODECS[info.v_codec]
     payload = arr[_HEADER.size : body_end]
     layout = _parse(
-        memoryview(payload),
+        payload.data,
         cell_ext_size=info.cell_ext_size,
         size_fn=_encoded_size_fn(kc, vc, info.rotate),
         what="encoded payload",

@@ -180,7 +180,9 @@ def test_dequantize_arbitrary_blocks_native_equals_numpy(simd: bool) -> None:
                 n = 64 * 20 + 17
                 q = rng.integers(0, 256, C._encoded_size(type_id, n, rot), dtype=np.uint8)
                 scales = q.reshape(-1, bb)[:, :2].view("<u2")
-                scales[::2, 0] = rng.choice([0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00], size=scales[::2].shape[0])
+                scales[::2, 0] = rng.choice(
+                    [0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00], size=scales[::2].shape[0]
+                )
                 a = dequantize_with("native", type_id, q, n, rot)
                 b = dequantize_with("numpy", type_id, q, n, rot)
                 np.testing.assert_array_equal(a, b, err_msg=f"{type_id=} {rot=}")
@@ -324,7 +326,7 @@ def test_checksum_native_equals_numpy(simd: bool) -> None:
     prev = native.set_simd(simd)
     try:
         data = np.random.default_rng(4).integers(0, 256, 5000, dtype=np.uint8)
-        for n in [*range(0, 80), 1000, 4097, 5000]:
+        for n in [*range(80), 1000, 4097, 5000]:
             assert C.checksum(data[:n], kernels="native") == C.checksum(data[:n], kernels="numpy"), n
         big = np.random.default_rng(6).integers(0, 256, 8 * 150_000 + 5, dtype=np.uint8)  # > 2 numpy chunks
         assert C.checksum(big, kernels="native") == C.checksum(big, kernels="numpy")

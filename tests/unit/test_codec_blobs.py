@@ -85,18 +85,16 @@ def make_blob(
 def iswa_blob(n_cells: int = 40, window: int = 16, *, v_trans: bool = False, seed: int = 0) -> bytes:
     """Like Gemma 3: a base section (all cells, 1 layer) and an SWA section (the window, 2 layers)."""
     base = SectionSpec([StreamSpec(n_cells=n_cells, n_layer=1, n_embd=64, v_trans=v_trans)])
-    swa = SectionSpec(
-        [StreamSpec(n_cells=window, n_layer=2, n_embd=64, v_trans=v_trans, pos0=n_cells - window)]
-    )
+    swa = SectionSpec([StreamSpec(n_cells=window, n_layer=2, n_embd=64, v_trans=v_trans, pos0=n_cells - window)])
     return make_blob([base, swa], seed=seed)
 
 
 # --------------------------------------------------------------------------- parser tests
 
-import pytest  # noqa: E402
+import pytest
 
-from agentmem.errors import CodecError  # noqa: E402
-from agentmem.memory.codec import parse_state  # noqa: E402
+from agentmem.errors import CodecError
+from agentmem.memory.codec import parse_state
 
 
 def test_parse_default_blob_layout() -> None:

@@ -38,6 +38,7 @@ CORPUS = [
 SPECS = ["q8_0", "q4_0+rot", "q8_0/q4_0", "f16"]
 ENCODED = [CodecSpec.parse(SPECS[i % len(SPECS)]).encode(b).tobytes() for i, b in enumerate(CORPUS)]
 
+
 def fuzz(n: int) -> settings:
     return settings(
         max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel  # noqa: E402
-from agentmem.memory.codec import CodecSpec, decode_state, parse_state  # noqa: E402
+from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
+from agentmem.memory.codec import CodecSpec, decode_state, parse_state
 
 SPECS = ["f16", "q8_0", "q4_0", "q8_0/q4_0", "q4_0+rot"]
 TEXT = (
