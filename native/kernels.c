@@ -647,12 +647,11 @@ AM_TARGET static inline int q8_0_deblock_store_avx2(const uint8_t *in, uint8_t *
         return 0;
     }
     const __m256 d = _mm256_set1_ps(df);
-    const __m128i lo = _mm_loadu_si128((const __m128i *)(in + 2));
-    const __m128i hi = _mm_loadu_si128((const __m128i *)(in + 18));
-    const __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
-    const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
-    const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
-    const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+    /* sign-extending loads of 8 int8 each (vpmovsxbd with a memory operand) */
+    const __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 2)))), d);
+    const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 10)))), d);
+    const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 18)))), d);
+    const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 26)))), d);
     const __m256i h01 = _mm256_set_m128i(_mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT),
                                          _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
     const __m256i h23 = _mm256_set_m128i(_mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT),
