@@ -192,10 +192,10 @@ def run(blob: np.ndarray, repeat: int, numpy_repeat: int) -> dict[str, Any]:
                     "encode_fresh_gbps": gbps(n, t_enc_fresh),
                     "decode_gbps": gbps(n, t_dec),
                     "decode_fresh_gbps": gbps(n, t_dec_fresh),
-                    "encode_vs_memcpy_paired": t_enc["ratio"],
-                    "encode_vs_memcpy_paired_median": t_enc["ratio_median"],
-                    "decode_vs_memcpy_paired": t_dec["ratio"],
-                    "decode_vs_memcpy_paired_median": t_dec["ratio_median"],
+                    "encode_vs_memcpy": t_enc["ratio"],
+                    "encode_vs_memcpy_median": t_enc["ratio_median"],
+                    "decode_vs_memcpy": t_dec["ratio"],
+                    "decode_vs_memcpy_median": t_dec["ratio_median"],
                     "encode_ms": t_enc["best_s"] * 1e3,
                     "decode_ms": t_dec["best_s"] * 1e3,
                     "encode_median_ms": t_enc["median_s"] * 1e3,
@@ -211,10 +211,11 @@ def run(blob: np.ndarray, repeat: int, numpy_repeat: int) -> dict[str, Any]:
         "mulfold64_numpy_gbps": gbps(q8.size, timeit(lambda: C.checksum(q8, kernels="numpy"), numpy_repeat)),
         "zlib_crc32_gbps": gbps(q8.size, timeit(lambda: zlib.crc32(q8.data), repeat)),
     }
-    # the headline ratios: against the best memcpy of the whole run (the strictest reading)
+    # ratios against the single best memcpy of the whole run (a stricter reading than
+    # the paired ratios: that memcpy got ~10x more draws at a quiet moment)
     for row in rows:
         for op in ("encode", "encode_fresh", "decode", "decode_fresh"):
-            row[f"{op}_vs_memcpy"] = row[f"{op}_gbps"] / (n / memcpy_best / 1e9)
+            row[f"{op}_vs_best_memcpy"] = row[f"{op}_gbps"] / (n / memcpy_best / 1e9)
     return {
         "blob_bytes": n,
         "kv_bytes": layout.kv_bytes,
@@ -235,8 +236,16 @@ def verdicts(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if plain:
         worst_dec = min(plain, key=lambda r: r["decode_vs_memcpy"])
         worst_enc = min(plain, key=lambda r: r["encode_vs_memcpy"])
-        out["decode_vs_memcpy"] = {"worst": worst_dec["codec"], "value": worst_dec["decode_vs_memcpy"]}
-        out["encode_vs_memcpy"] = {"worst": worst_enc["codec"], "value": worst_enc["encode_vs_memcpy"]}
+        out["decode_vs_memcpy"] = {
+            "worst": worst_dec["codec"],
+            "value": worst_dec["decode_vs_memcpy"],
+            "strict": min(r["decode_vs_best_memcpy"] for r in plain),
+        }
+        out["encode_vs_memcpy"] = {
+            "worst": worst_enc["codec"],
+            "value": worst_enc["encode_vs_memcpy"],
+            "strict": min(r["encode_vs_best_memcpy"] for r in plain),
+        }
     by_codec = {r["codec"]: r for r in res["rows"]}
     out["q8_0_bytes"] = {"value": by_codec["q8_0"]["ratio_to_f16"]}
     out["q4_0_bytes"] = {"value": by_codec["q4_0"]["ratio_to_f16"]}
@@ -250,22 +259,24 @@ def verdicts(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def print_table(res: dict[str, Any], meta: dict[str, Any], verdict: dict[str, dict[str, Any]]) -> None:
     print(f"state: {meta.get('model')}, {res['n_tokens']} tokens, sections {res['sections']} cells, "
           f"{res['blob_bytes'] / 1e6:.2f} MB f16 ({res['f16_bytes_per_token']:.0f} B/token)")  # fmt: skip
-    print(f"memcpy (np.copyto, same bytes): {res['memcpy_gbps']:.2f} GB/s ({res['memcpy_ms']:.2f} ms, best of the "
-          "run); 'x cpy' = GB/s / memcpy GB/s")  # fmt: skip
-    hdr = (f"{'codec':<15}{'kernels':<8}{'B/token':>9}{'x f16':>7}{'enc GB/s':>10}{'x cpy':>7}"
-           f"{'enc fresh':>10}{'dec GB/s':>10}{'x cpy':>7}{'dec fresh':>10}")  # fmt: skip
+    print(f"memcpy (np.copyto, same bytes): {res['memcpy_gbps']:.2f} GB/s ({res['memcpy_ms']:.2f} ms, best of the run)")
+    print("'x cpy': best memcpy time / best codec time, both timed alternately in the same loop; "
+          "'x best': codec GB/s / the run's best memcpy GB/s")  # fmt: skip
+    hdr = (f"{'codec':<15}{'kernels':<8}{'B/token':>9}{'x f16':>7}{'enc GB/s':>10}{'x cpy':>7}{'x best':>7}"
+           f"{'enc fresh':>10}{'dec GB/s':>10}{'x cpy':>7}{'x best':>7}{'dec fresh':>10}")  # fmt: skip
     print(hdr)
     print("-" * len(hdr))
     for r in res["rows"]:
         print(f"{r['codec']:<15}{r['kernels']:<8}{r['bytes_per_token']:>9.0f}{r['ratio_to_f16']:>7.3f}"
-              f"{r['encode_gbps']:>10.2f}{r['encode_vs_memcpy']:>7.2f}{r['encode_fresh_gbps']:>10.2f}"
-              f"{r['decode_gbps']:>10.2f}{r['decode_vs_memcpy']:>7.2f}{r['decode_fresh_gbps']:>10.2f}")  # fmt: skip
+              f"{r['encode_gbps']:>10.2f}{r['encode_vs_memcpy']:>7.2f}{r['encode_vs_best_memcpy']:>7.2f}"
+              f"{r['encode_fresh_gbps']:>10.2f}{r['decode_gbps']:>10.2f}{r['decode_vs_memcpy']:>7.2f}"
+              f"{r['decode_vs_best_memcpy']:>7.2f}{r['decode_fresh_gbps']:>10.2f}")  # fmt: skip
     ck = res["checksum"]
     native_ck = f"{ck['mulfold64_native_gbps']:.1f}" if ck["mulfold64_native_gbps"] else "n/a"
     print(f"checksum over {ck['bytes'] / 1e6:.1f} MB: mulfold64 native {native_ck} GB/s, "
           f"numpy {ck['mulfold64_numpy_gbps']:.2f} GB/s, zlib.crc32 {ck['zlib_crc32_gbps']:.2f} GB/s")  # fmt: skip
     for key, v in verdict.items():
-        worst = f" (worst: {v['worst']})" if "worst" in v else ""
+        worst = f" (worst: {v['worst']}; against the run's best memcpy: {v['strict']:.3f})" if "worst" in v else ""
         cmp = ">=" if key.endswith("memcpy") else "<="
         print(f"target {key}: {v['value']:.3f} {cmp} {v['target']}{worst}: {'met' if v['met'] else 'MISSED'}")
 

@@ -638,35 +638,40 @@ AM_TARGET static void quantize_avx2(int type, const uint8_t *src, size_t n, uint
     }
 }
 
-/* Dequantize one block straight to f16 when no value can exceed the f16 range
- * (|q| <= 128 for q8_0, <= 8 for q4_0), so no saturation is needed; returns 0 and
- * does nothing otherwise. */
+/* Dequantize one block straight to f16 when no value can exceed the f16 range, so
+ * no saturation is needed: |q| <= 128 and |d| <= 511.75 (f16 bits <= 0x5FFF) for
+ * q8_0, |q - 8| <= 8 and |d| <= 8188 (<= 0x6FFF) for q4_0. The test is on the f16
+ * bits (inf and NaN fail it); returns 0 and does nothing when it fails. */
+AM_TARGET static inline __m256 scale8(const uint8_t *in) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)load_u16(in)));
+}
+
+AM_TARGET static inline void store4_f16(uint8_t *out, __m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    _mm_storeu_si128((__m128i *)out, _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128((__m128i *)(out + 16), _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128((__m128i *)(out + 32), _mm256_cvtps_ph(v2, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128((__m128i *)(out + 48), _mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT));
+}
+
 AM_TARGET static inline int q8_0_deblock_store_avx2(const uint8_t *in, uint8_t *out) {
-    const float df = _cvtsh_ss(load_u16(in));
-    if (!(fabsf(df) * 128.0f <= AM_F16_MAX)) {
+    if ((load_u16(in) & 0x7fffu) > 0x5fffu) {
         return 0;
     }
-    const __m256 d = _mm256_set1_ps(df);
+    const __m256 d = scale8(in);
     /* sign-extending loads of 8 int8 each (vpmovsxbd with a memory operand) */
     const __m256 v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 2)))), d);
     const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 10)))), d);
     const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 18)))), d);
     const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 26)))), d);
-    const __m256i h01 = _mm256_set_m128i(_mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT),
-                                         _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
-    const __m256i h23 = _mm256_set_m128i(_mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT),
-                                         _mm256_cvtps_ph(v2, _MM_FROUND_TO_NEAREST_INT));
-    _mm256_storeu_si256((__m256i *)out, h01);
-    _mm256_storeu_si256((__m256i *)(out + 32), h23);
+    store4_f16(out, v0, v1, v2, v3);
     return 1;
 }
 
 AM_TARGET static inline int q4_0_deblock_store_avx2(const uint8_t *in, uint8_t *out) {
-    const float df = _cvtsh_ss(load_u16(in));
-    if (!(fabsf(df) * 8.0f <= AM_F16_MAX)) {
+    if ((load_u16(in) & 0x7fffu) > 0x6fffu) {
         return 0;
     }
-    const __m256 d = _mm256_set1_ps(df);
+    const __m256 d = scale8(in);
     const __m128i raw = _mm_loadu_si128((const __m128i *)(in + 2));
     const __m128i m4 = _mm_set1_epi8(0x0f);
     const __m128i eight = _mm_set1_epi8(8);
@@ -676,12 +681,7 @@ AM_TARGET static inline int q4_0_deblock_store_avx2(const uint8_t *in, uint8_t *
     const __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
     const __m256 v2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
     const __m256 v3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
-    const __m256i h01 = _mm256_set_m128i(_mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT),
-                                         _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
-    const __m256i h23 = _mm256_set_m128i(_mm256_cvtps_ph(v3, _MM_FROUND_TO_NEAREST_INT),
-                                         _mm256_cvtps_ph(v2, _MM_FROUND_TO_NEAREST_INT));
-    _mm256_storeu_si256((__m256i *)out, h01);
-    _mm256_storeu_si256((__m256i *)(out + 32), h23);
+    store4_f16(out, v0, v1, v2, v3);
     return 1;
 }
 

@@ -180,9 +180,9 @@ def test_dequantize_arbitrary_blocks_native_equals_numpy(simd: bool) -> None:
                 n = 64 * 20 + 17
                 q = rng.integers(0, 256, C._encoded_size(type_id, n, rot), dtype=np.uint8)
                 scales = q.reshape(-1, bb)[:, :2].view("<u2")
-                scales[::2, 0] = rng.choice(
-                    [0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00], size=scales[::2].shape[0]
-                )
+                # inf, NaN, the largest f16, and both sides of the kernels' no-saturation limits
+                special = [0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00, 0x5FFF, 0x6000, 0x6FFF, 0xF000]
+                scales[::2, 0] = rng.choice(special, size=scales[::2].shape[0])
                 a = dequantize_with("native", type_id, q, n, rot)
                 b = dequantize_with("numpy", type_id, q, n, rot)
                 np.testing.assert_array_equal(a, b, err_msg=f"{type_id=} {rot=}")
