@@ -33,8 +33,9 @@ from typing_extensions import Self
 from agentmem import ChatResult, MemoryPool, PoolConfig
 
 from . import _registry
-from ._grammar import JSON_OBJECT_GRAMMAR, schema_grammar, tool_call_continuation
+from ._grammar import JSON_OBJECT_GRAMMAR, choice_grammar, schema_grammar, tool_call_continuation
 from ._messages import (
+    candidate_names,
     looks_like_tool_call,
     parse_tool_calls,
     to_agentmem_messages,
@@ -85,6 +86,10 @@ class AgentMemChatCompletionClientConfig(BaseModel):
     """Treat ``tool_choice="auto"`` as ``"required"`` when a call offers tools: every such
     reply is a grammar-valid tool call. For small models that rarely decide to call a
     tool on their own (AgentChat's AssistantAgent has no ``tool_choice`` argument)."""
+    speaker_selection: bool = False
+    """For the client of a ``SelectorGroupChat``: constrain a reply to one of the candidate
+    names its selection prompt lists (``select the next role from ['pm', 'engineer'] ...``,
+    the last such list in the prompt), so a small model always names a valid speaker."""
     model_info: Optional[ModelInfo] = None
     """Overrides :attr:`AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
 
@@ -163,6 +168,8 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         create_args: default sampling options (see :data:`SAMPLING_ARGS`).
         parallel_tool_calls: allow several tool calls in one reply.
         force_tools: make ``tool_choice="auto"`` behave as ``"required"`` (see the config).
+        speaker_selection: answer a ``SelectorGroupChat``'s selection prompt with one of its
+            candidate names (grammar-constrained; see the config).
         model_info: overrides :attr:`DEFAULT_MODEL_INFO`.
 
     Attributes:
@@ -196,6 +203,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         create_args: Mapping[str, Any] | None = None,
         parallel_tool_calls: bool = False,
         force_tools: bool = False,
+        speaker_selection: bool = False,
         model_info: ModelInfo | None = None,
     ) -> None:
         if agent_id is not None and (not isinstance(agent_id, str) or not agent_id):
@@ -212,6 +220,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         self._temperature = temperature
         self._parallel = bool(parallel_tool_calls)
         self._force_tools = bool(force_tools)
+        self._speaker_selection = bool(speaker_selection)
         if model_info is not None:
             validate_model_info(model_info)
         self._model_info: ModelInfo = model_info or dict(self.DEFAULT_MODEL_INFO)  # type: ignore[assignment]
@@ -262,6 +271,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             create_args=dict(self._create_args),
             parallel_tool_calls=self._parallel,
             force_tools=self._force_tools,
+            speaker_selection=self._speaker_selection,
             model_info=self._model_info if self._model_info_overridden else None,
         )
 
@@ -275,6 +285,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             create_args=config.create_args,
             parallel_tool_calls=config.parallel_tool_calls,
             force_tools=config.force_tools,
+            speaker_selection=config.speaker_selection,
             model_info=config.model_info,
         )
 
@@ -444,6 +455,10 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         if allowed:
             retry = tool_call_continuation(schemas, parallel=self._parallel)
             return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry)
+        if json_grammar is None and user_grammar is None and self._speaker_selection:
+            names = candidate_names(conv)
+            if names:
+                user_grammar = choice_grammar(names)
         return _Plan(agent, conv, sampling, json_grammar or user_grammar, [])
 
     async def _pool_stream(

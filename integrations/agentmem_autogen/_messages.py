@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 import uuid
 from typing import Any, Mapping, Sequence
 
@@ -29,6 +31,7 @@ from autogen_core.tools import Tool, ToolSchema
 from agentmem.errors import MessageError
 
 __all__ = [
+    "candidate_names",
     "looks_like_tool_call",
     "parse_tool_calls",
     "to_agentmem_messages",
@@ -203,3 +206,27 @@ def looks_like_tool_call(text: str, names: Sequence[str]) -> bool:
     if '"tool_calls"' in t or "'tool_calls'" in t:
         return True
     return (t.startswith("{") or t.startswith("```")) and any(f'"{n}"' in t for n in names)
+
+
+# A Python list of quoted names as ``str(list_of_names)`` writes it: ['pm', 'engineer']
+_NAME_LIST_RE = re.compile(r"\['[^'\n]+'(?:, '[^'\n]+')*\]")
+
+
+def candidate_names(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The speaker names a ``SelectorGroupChat`` selection prompt offers (``[]`` if none).
+
+    AgentChat formats its candidates with ``str(list)`` into the prompt; the last such
+    list in the last user message is the one the model must choose from.
+    """
+    for m in reversed(messages):
+        if m.get("role") != "user":
+            continue
+        found = _NAME_LIST_RE.findall(m.get("content") or "")
+        if not found:
+            return []
+        try:
+            names = ast.literal_eval(found[-1])
+        except (ValueError, SyntaxError):
+            return []
+        return [n for n in names if isinstance(n, str) and n]
+    return []

@@ -36,6 +36,7 @@ import agentmem_autogen  # noqa: E402
 from agentmem import MemoryPool, MessageError  # noqa: E402
 from agentmem_autogen import AgentMemChatCompletionClient, choice_grammar, clients_for  # noqa: E402
 from agentmem_autogen._messages import (  # noqa: E402
+    candidate_names,
     looks_like_tool_call,
     parse_tool_calls,
     to_agentmem_messages,
@@ -322,6 +323,24 @@ async def test_json_output_with_tools_gives_json_or_a_call(client):
         assert Verdict.model_validate_json(r.content)
 
 
+async def test_speaker_selection_answers_with_a_listed_candidate(pool):
+    c = AgentMemChatCompletionClient(pool, agent_id="selector", max_tokens=16, speaker_selection=True)
+    prompt = (
+        "Roles: pm, engineer, writer.\n\nuser: plan it\n\n"
+        "Read the above conversation. Then select the next role from ['engineer', 'writer'] to play."
+    )
+    r = await c.create([UserMessage(content=prompt, source="user")])
+    assert r.content in ("engineer", "writer")
+    r = await c.create(MSGS)  # no candidate list: unconstrained
+    assert isinstance(r.content, str)
+
+
+def test_candidate_names_takes_the_last_list():
+    prompt = "from ['pm', 'engineer'] ...\n\nhistory\n\nselect the next role from ['engineer', 'writer_2'] to play"
+    assert candidate_names([{"role": "user", "content": prompt}]) == ["engineer", "writer_2"]
+    assert candidate_names([{"role": "user", "content": "no list"}]) == []
+
+
 async def test_choice_grammar_picks_a_name(client):
     r = await client.create(MSGS, extra_create_args={"grammar": choice_grammar(["pm", "engineer"]), "max_tokens": 8})
     assert r.content in ("pm", "engineer")
@@ -380,7 +399,8 @@ async def test_agent_id_none_follows_the_calling_autogen_agent(pool):
 # ---------------------------------------------------------------- component config
 def test_component_round_trip_reuses_the_open_pool(pool):
     c = AgentMemChatCompletionClient(
-        pool, agent_id="writer", max_tokens=12, temperature=0.5, create_args={"top_k": 5}, force_tools=True
+        pool, agent_id="writer", max_tokens=12, temperature=0.5, create_args={"top_k": 5}, force_tools=True,
+        speaker_selection=True,
     )
     model = c.dump_component()
     assert model.provider == "agentmem_autogen.AgentMemChatCompletionClient"
