@@ -918,7 +918,7 @@ def _rotation(rotate: bool | int) -> int:
     raise ConfigError(f"rotate must be False, True, 32 or 64, got {rotate!r}")
 
 
-_SPEC_RE: Final = re.compile(r"^(?P<k>[a-z0-9_]+)(?:/(?P<v>[a-z0-9_]+))?(?:\+rot(?P<rot>32|64)?)?$")
+_SPEC_RE: Final = re.compile(r"^(?P<k>[a-z0-9_]+)(?:/(?P<v>[a-z0-9_]+))?(?P<rotate>\+rot(?P<block>32|64)?)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -957,9 +957,7 @@ class CodecSpec:
             )
         k = get_codec(m["k"]).name
         v = get_codec(m["v"] or m["k"]).name
-        rot = 0
-        if spec.strip().lower().endswith(("+rot", "+rot32", "+rot64")):
-            rot = int(m["rot"] or 64)
+        rot = int(m["block"] or 64) if m["rotate"] else 0
         return cls(k, v, rot)
 
     @property
@@ -1151,7 +1149,9 @@ def encode_state(
     """
     kc = get_codec(k_codec)
     vc = get_codec(v_codec if v_codec is not None else kc)
-    rot = _rotation(rotate) if (kc.quantized or vc.quantized) else 0
+    rot = _rotation(rotate)
+    if not (kc.quantized or vc.quantized):
+        rot = 0  # rotation only ever applies to quantized tensors; keep f16 output canonical
     ker = get_kernels(kernels)
     src = _as_u8(blob, "state blob")
     layout = _parse(src.data, cell_ext_size=cell_ext_size, size_fn=_raw_size, what="state blob")

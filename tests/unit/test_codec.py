@@ -121,7 +121,29 @@ def test_codec_spec_rejects(text: object) -> None:
         CodecSpec.parse(text)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", list(CODECS))
+@pytest.mark.parametrize("kernels", list(C.KERNELS))
+def test_codec_strategy_contract(name: str, kernels: str) -> None:
+    """Every registered codec sizes, encodes and decodes one tensor's f16 values."""
+    codec = get_codec(name)
+    x = (np.random.default_rng(8).standard_normal(300) * 3).astype("<f2")
+    for rot in (0, 32, 64):
+        size = codec.encoded_size(x.size, rot)
+        assert size == (2 * x.size if not codec.quantized else C._encoded_size(codec.codec_id, x.size, rot))
+        enc = np.zeros(size, np.uint8)
+        codec.encode(get_kernels(kernels), x.view(np.uint8), enc, x.size, rot)
+        out = np.zeros(2 * x.size, np.uint8)
+        codec.decode(get_kernels(kernels), enc, out, x.size, rot)
+        y = out.view("<f2").astype(np.float32)
+        err = np.abs(y - x.astype(np.float32)).max()
+        assert err <= {"f16": 0.0, "q8_0": 0.1, "q4_0": 2.0}[name], (name, rot, err)
+    assert codec.bits_per_value == {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[name]
+    assert repr(codec) == f"{type(codec).__name__}({name!r})"
+
+
 def test_rotate_argument_validation() -> None:
+    with pytest.raises(ConfigError):
+        encode_state(make_blob(), k_codec="f16", rotate=7)
     with pytest.raises(ConfigError):
         encode_state(make_blob(), k_codec="q4_0", rotate=16)
     with pytest.raises(ConfigError):
