@@ -5,7 +5,7 @@ cache, with and without flash attention, i.e. both V layouts): the parser reads
 llama.cpp's own blobs, every codec's decoded blob is accepted by
 ``llama_state_seq_set_data``, an f16 round trip restores the exact bytes, and the
 restored sequence continues with logits equal (f16) or close (quantized) to the
-original's. The last test does the same on the real default model (integration).
+original's, and the native and numpy kernels encode the real blobs identically. The last test does the same on the real default model (integration).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
+from agentmem.memory import codec as C
 from agentmem.memory.codec import CodecSpec, decode_state, parse_state
 
 SPECS = ["f16", "q8_0", "q4_0", "q8_0/q4_0", "q4_0+rot"]
@@ -69,6 +70,12 @@ def test_tiny_blobs_parse_and_round_trip(tiny_ctx: LlamaContext) -> None:
     v_trans = {s.v_trans for sec in layout.sections for s in sec.streams if s.n_cells}
     assert v_trans == {not tiny_ctx.params.flash_attn}
     assert all(t.type_name == "f16" for t in layout.tensors())
+
+    if "native" in C.KERNELS:  # identical bytes from both implementations on a real blob
+        for spec in SPECS:
+            a = CodecSpec.parse(spec).encode(blob, kernels="native")
+            np.testing.assert_array_equal(a, CodecSpec.parse(spec).encode(blob, kernels="numpy"))
+            np.testing.assert_array_equal(decode_state(a, kernels="native"), decode_state(a, kernels="numpy"))
 
     probe = tokens[-1]
     ref = tiny_ctx.logits(tiny_ctx.decode_run(0, [probe], n))
