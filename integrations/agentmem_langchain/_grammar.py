@@ -185,12 +185,12 @@ def _format(rules: Mapping[str, str]) -> str:
 def schema_grammar(schema: Mapping[str, Any]) -> str:
     """A grammar (root rule ``root``) for JSON values matching ``schema``, canonically spaced.
 
-    >>> print(schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    >>> print(schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    ...                       "required": ["a"]}))
     root ::= s
+    s-a ::= ( [0-9] ) | ( [1-9] [0-9] )
+    s-a-kv ::= "\\"a\\"" ": " s-a
     s ::= "{" s-a-kv "}"
-    s-a-kv ::= "\\"a\\"" ": " s-integer
-    s-integer ::= ( "-" ? s-integral-part )
-    s-integral-part ::= [0-9] | [1-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ( [0-9] ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ? ) ?
     <BLANKLINE>
     """
     root, rules = _convert(schema, "s")

@@ -11,6 +11,7 @@ the JSON that agentmem also renders past calls as::
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -106,6 +107,34 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+_NAME_RE = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*")')
+_ARGS_MARK = '"arguments": '
+
+
+def _salvage(text: str) -> tuple[str | None, str]:
+    """Name and argument text of a broken (usually cut-off) first call, for an InvalidToolCall.
+
+    Streaming consumers merge these into a call with partially parsed arguments —
+    how LangChain treats any cut-off streamed call.
+    """
+    m = _NAME_RE.search(text)
+    name = None
+    if m:
+        try:
+            name = json.loads(m.group(1))
+        except ValueError:
+            name = None
+    j = text.find(_ARGS_MARK)
+    if j == -1:
+        return name, ""
+    args = text[j + len(_ARGS_MARK) :]
+    for tail in ("}]}", "}]"):
+        if args.endswith(tail):
+            args = args[: -len(tail)]
+            break
+    return name, args
+
+
 def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[InvalidToolCall]] | None:
     """Parse a reply that is a tool-call envelope; ``None`` if it is not one.
 
@@ -121,7 +150,8 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[InvalidToolCall]] 
         if not isinstance(raw_calls, list):
             raise TypeError("'tool_calls' is not a list")
     except (ValueError, KeyError, TypeError) as exc:
-        return [], [InvalidToolCall(type="invalid_tool_call", name=None, args=s, id=_call_id(), error=f"invalid tool-call JSON: {exc}")]
+        name, args = _salvage(s)
+        return [], [InvalidToolCall(type="invalid_tool_call", name=name, args=args, id=_call_id(), error=f"invalid tool-call JSON: {exc}")]
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
     for c in raw_calls:

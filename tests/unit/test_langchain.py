@@ -347,9 +347,17 @@ def test_no_argument_tool_is_fully_forced(chat: ChatAgentMem) -> None:
 
 
 def test_tool_call_cut_by_max_tokens_is_an_invalid_tool_call(chat: ChatAgentMem) -> None:
-    ai = chat.bind_tools([add], tool_choice="any").invoke("1+2", max_tokens=1)
+    bound = chat.bind_tools([add], tool_choice="any")
+    ai = bound.invoke("1+2", max_tokens=1)
     assert ai.tool_calls == [] and len(ai.invalid_tool_calls) == 1
+    bad = ai.invalid_tool_calls[0]
+    assert bad["name"] == "add" and bad["args"].startswith('{"a":') and "invalid tool-call JSON" in (bad["error"] or "")
     assert ai.response_metadata["finish_reason"] == "length"
+    # Streamed, a cut-off call merges into a call with partial arguments (LangChain's convention).
+    full = None
+    for chunk in bound.stream("1+2", max_tokens=1):
+        full = chunk if full is None else full + chunk
+    assert full is not None and [c["name"] for c in full.tool_calls + full.invalid_tool_calls] == ["add"]
 
 
 def test_parallel_tool_calls_allow_several(chat: ChatAgentMem) -> None:
