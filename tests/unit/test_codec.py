@@ -39,18 +39,7 @@ QUANT = [(C.GGML_Q8_0, 34), (C.GGML_Q4_0, 18)]
 SPECS = ["f16", "q8_0", "q4_0", "q8_0/q4_0", "q4_0/q8_0", "f16/q4_0", "q4_0+rot", "q8_0+rot32", "q8_0/q4_0+rot"]
 
 
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def portable_native() -> Iterator[None]:
-    """Run the native kernels on their portable C path for the duration of a test."""
-    native = C.KERNELS["native"]._m  # type: ignore[attr-defined]
-    prev = native.set_simd(False)
-    try:
-        yield
-    finally:
-        native.set_simd(prev)
+# --------------------------------------------------------------------------- helpers
 
 
 def adversarial_f16(n: int, seed: int) -> np.ndarray:
