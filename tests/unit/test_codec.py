@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
