@@ -17,7 +17,7 @@ from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_
 
 from ._pools import shared_pool
 
-__all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "usage_dict"]
+__all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "timings_dict", "usage_dict"]
 
 #: Per-call keyword arguments that map straight to :meth:`MemoryPool.chat` sampling options.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
