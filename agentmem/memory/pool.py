@@ -287,6 +287,11 @@ class MemoryPool:
             self.ctx.close()
             self.model.close()
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
     def __enter__(self) -> MemoryPool:
         return self
 
@@ -919,6 +924,8 @@ class MemoryPool:
             a = self._agents.get(agent_id)
             if a is None:
                 a = self._agents[agent_id] = _Agent(agent_id)
+            while a.busy:  # calls of one agent run one at a time (they share one sequence)
+                self._cond.wait()
             a.busy += 1
             a.counters["calls"] += 1
             self._totals["calls"] += 1
@@ -1021,12 +1028,10 @@ class MemoryPool:
         assert self._prefetch_q is not None
         while True:
             aid = self._prefetch_q.get()
-            if aid is None:
-                return
             try:
+                if aid is None or self._closed:
+                    return
                 with self._lock:
-                    if self._closed:
-                        return
                     a = self._agents.get(aid)
                     if a is None or a.busy or a.seq is not None or a.tier not in self._tiers:
                         continue
@@ -1035,6 +1040,8 @@ class MemoryPool:
                         self._totals["prefetches"] += 1
             except Exception:  # never let the worker die; the call itself will restore
                 logger.exception("prefetch of %r failed", aid)
+            finally:
+                self._prefetch_q.task_done()
 
     async def _drive_async(self, stream: ChatStream) -> AsyncIterator[str | ChatResult]:
         """Run a blocking stream in a worker thread, handing pieces to the loop."""

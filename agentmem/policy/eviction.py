@@ -258,21 +258,28 @@ class StreamingLLM(EvictionPolicy):
         return mask
 
 
+# Defaults. Region order dominates over the life of a typical agent context and
+# age breaks ties: half-lives (ln 2 / decay, in turns at the reference pace) are
+# ~100 turns for tool results and calls, ~23 for user turns, ~10 for assistant
+# prose, so a tool result outranks fresh assistant prose until it is ~200 turns
+# old. Tool results (information the agent paid a tool call for) sit above tool
+# calls (mostly routine requests whose effect is in the result; decisions
+# recorded as calls share the region), which sit above user turns.
 _DEFAULT_BASE: dict[str, float] = {
     "system": 1000.0,  # effectively pinned: outranks everything at any age
     "tool_result": 1.0,
-    "tool_call": 0.9,  # the agent's decisions
+    "tool_call": 0.8,
     "user": 0.5,
-    "text": 0.4,
-    "assistant": 0.25,  # mostly filler: prose around decisions
+    "text": 0.4,  # raw completions: no role to go by
+    "assistant": 0.25,  # mostly prose around the decisions
 }
 _DEFAULT_DECAY: dict[str, float] = {
     "system": 0.0,
-    "tool_result": 0.03,
-    "tool_call": 0.03,
-    "user": 0.06,
-    "text": 0.06,
-    "assistant": 0.10,
+    "tool_result": 0.007,
+    "tool_call": 0.007,
+    "user": 0.03,
+    "text": 0.03,
+    "assistant": 0.07,
 }
 
 

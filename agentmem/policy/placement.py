@@ -104,7 +104,7 @@ class CostPolicy(PlacementPolicy):
 
     def keep_score(self, agent: AgentInfo) -> float:
         soon = 1.0 / (1.0 + agent.next_in) if math.isfinite(agent.next_in) else 0.0
-        freq = math.log1p(agent.uses) / (1.0 + agent.idle_s)
+        freq = math.log1p(agent.uses) / (1.0 + agent.idle_s / 60.0)  # idle measured in minutes
         value = (1 + agent.priority) * (soon + freq + 1e-6)
         return value / max(1.0, agent.nbytes / 1e6)
 
