@@ -33,7 +33,13 @@ from typing_extensions import Self
 from agentmem import ChatResult, MemoryPool, PoolConfig
 
 from . import _registry
-from ._grammar import JSON_OBJECT_GRAMMAR, choice_grammar, schema_grammar, tool_call_continuation
+from ._grammar import (
+    JSON_OBJECT_GRAMMAR,
+    call_or_document_grammar,
+    choice_grammar,
+    schema_grammar,
+    tool_call_continuation,
+)
 from ._messages import (
     candidate_names,
     looks_like_tool_call,
@@ -450,7 +456,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         if allowed and json_grammar is not None:
             # A JSON reply or a tool call: one grammar admits both; the parse decides.
             if json_output is not True:
-                json_grammar = _union_grammar(json_output.model_json_schema(), schemas, self._parallel)
+                json_grammar = call_or_document_grammar(
+                    schemas, json_output.model_json_schema(), parallel=self._parallel
+                )
             return _Plan(agent, conv, sampling, json_grammar, allowed, stream_text=False)
         if allowed:
             retry = tool_call_continuation(schemas, parallel=self._parallel)
@@ -606,36 +614,6 @@ def _text_before_json(text: str) -> str:
     j = text.find("{")
     before = text[:j] if j != -1 else ""
     return before.replace("```json", "").replace("```", "").strip()
-
-
-def _union_grammar(model_schema: Mapping[str, Any], tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
-    """Grammar for either a tool call or a document of ``model_schema`` (tools + structured output)."""
-    from ._grammar import _closed
-
-    defs = dict(model_schema.get("$defs", {}))
-    doc = {k: v for k, v in model_schema.items() if k != "$defs"}
-    alts = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t["name"]}, "arguments": _closed(t.get("parameters"))},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    calls: dict[str, Any] = {"type": "array", "items": alts[0] if len(alts) == 1 else {"anyOf": alts}, "minItems": 1}
-    if not parallel:
-        calls["maxItems"] = 1
-    envelope = {
-        "type": "object",
-        "properties": {"tool_calls": calls},
-        "required": ["tool_calls"],
-        "additionalProperties": False,
-    }
-    schema: dict[str, Any] = {"anyOf": [envelope, doc]}
-    if defs:
-        schema["$defs"] = defs
-    return schema_grammar(schema, prop_order=["tool_calls", "name", "arguments"])
 
 
 def _check_args(args: Mapping[str, Any], where: str) -> None:

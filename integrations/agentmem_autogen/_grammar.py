@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
+    "call_or_document_grammar",
     "choice_grammar",
     "schema_grammar",
     "tool_call_continuation",
@@ -116,6 +117,34 @@ def _closed(params: Mapping[str, Any] | None) -> dict[str, Any]:
     return p
 
 
+_CALL_ORDER = ("tool_calls", "name", "arguments")
+
+
+def _envelope_schema(tools: Iterable[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
+    """JSON schema of ``{"tool_calls": [...]}`` whose items call one of ``tools``."""
+    alts = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t["name"]}, "arguments": _closed(t.get("parameters"))},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    if not alts:
+        raise ValueError("a tool-call grammar needs at least one tool")
+    items: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    calls: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if not parallel:
+        calls["maxItems"] = 1
+    return {
+        "type": "object",
+        "properties": {"tool_calls": calls},
+        "required": ["tool_calls"],
+        "additionalProperties": False,
+    }
+
+
 def tool_call_grammar(tools: Iterable[Mapping[str, Any]], *, parallel: bool = False) -> str:
     """GBNF for ``{"tool_calls": [{"name": <a tool>, "arguments": {...}}]}``.
 
@@ -123,29 +152,18 @@ def tool_call_grammar(tools: Iterable[Mapping[str, Any]], *, parallel: bool = Fa
         tools: tool schemas (``name``, optional ``parameters``) the model may call.
         parallel: allow more than one call in the list (default: exactly one).
     """
-    alts = []
-    for t in tools:
-        alts.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": t["name"]}, "arguments": _closed(t.get("parameters"))},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
-    if not alts:
-        raise ValueError("tool_call_grammar needs at least one tool")
-    items: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
-    calls: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if not parallel:
-        calls["maxItems"] = 1
-    schema = {
-        "type": "object",
-        "properties": {"tool_calls": calls},
-        "required": ["tool_calls"],
-        "additionalProperties": False,
-    }
-    return schema_grammar(schema, prop_order=["tool_calls", "name", "arguments"])
+    return schema_grammar(_envelope_schema(tools, parallel), prop_order=_CALL_ORDER)
+
+
+def call_or_document_grammar(
+    tools: Iterable[Mapping[str, Any]], schema: Mapping[str, Any], *, parallel: bool = False
+) -> str:
+    """GBNF for either a tool call or a JSON document of ``schema`` (tools + structured output)."""
+    doc = {k: v for k, v in schema.items() if k != "$defs"}
+    union: dict[str, Any] = {"anyOf": [_envelope_schema(tools, parallel), doc]}
+    if schema.get("$defs"):
+        union["$defs"] = dict(schema["$defs"])  # refs point at the root's $defs
+    return schema_grammar(union, prop_order=_CALL_ORDER)
 
 
 def _renamed(grammar: str, prefix: str) -> str:

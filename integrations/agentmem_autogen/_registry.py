@@ -36,7 +36,7 @@ def pool_key(config: PoolConfig, model_path: Any = None) -> str:
 
 
 def _is_open(pool: MemoryPool) -> bool:
-    return not getattr(pool, "_closed", False)
+    return not pool.closed
 
 
 def register(pool: MemoryPool) -> None:

@@ -373,7 +373,7 @@ async def test_closed_client_refuses_calls(pool):
     await c.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         await c.create(MSGS)
-    assert not pool._closed, "a client never closes a pool it was handed"
+    assert not pool.closed, "a client never closes a pool it was handed"
 
 
 # ---------------------------------------------------------------- agent ids
@@ -419,9 +419,9 @@ async def test_config_without_an_open_pool_loads_one_and_its_clients_close_it(ti
     assert b.pool is a.pool
     await a.create(MSGS)
     await a.close()
-    assert not a.pool._closed, "b still uses it"
+    assert not a.pool.closed, "b still uses it"
     await b.close()
-    assert a.pool._closed
+    assert a.pool.closed
 
 
 def test_pool_and_pool_config_are_exclusive(pool):

@@ -16,6 +16,7 @@ from agentmem import MemoryPool  # noqa: E402
 from agentmem.engine.chat_format import ToolCall, tool_calls_text  # noqa: E402
 from agentmem_autogen._grammar import (  # noqa: E402
     JSON_OBJECT_GRAMMAR,
+    call_or_document_grammar,
     choice_grammar,
     schema_grammar,
     tool_call_continuation,
@@ -102,3 +103,15 @@ def test_unusable_schema_is_a_value_error():
         schema_grammar({"$ref": "https://example.com/remote.json"})
     with pytest.raises(ValueError, match="at least one tool"):
         tool_call_grammar([])
+
+
+def test_call_or_document_grammar(pool):
+    doc = {
+        "type": "object",
+        "properties": {"verdict": {"$ref": "#/$defs/Verdict"}},
+        "required": ["verdict"],
+        "$defs": {"Verdict": {"enum": ["ship", "wait"]}},
+    }
+    g = call_or_document_grammar([FLAG], doc)
+    out = json.loads(generate(pool, g))
+    assert out.get("verdict") in ("ship", "wait") or out["tool_calls"][0]["name"] == "set_flag", out
