@@ -9,7 +9,6 @@ kept KV instead of being prefilled again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
