@@ -66,6 +66,14 @@ class PoolConfig:
         eviction: ``region_decay`` (default), ``sliding_window`` or ``streaming_llm``.
         eviction_low: evict down to this fraction of the budget (low watermark).
         eviction_block: tokens per eviction block.
+        batch_decode: decode the next token of all concurrently generating agents
+            in one ``llama_decode`` (continuous batching; ~4x aggregate tokens/s at
+            4 agents on CPU). llama.cpp's CPU kernels round differently for a
+            batch than for one row, so greedy replies can drift from one-at-a-time
+            decoding after some tokens; set ``False`` for bitwise reproducibility.
+        min_share_tokens: a new agent whose prompt starts with at least this many
+            tokens another agent (or a declared share) holds gets those cells
+            copied (``seq_cp`` / restore) instead of prefilling them.
     """
 
     model_path: str | None = None
@@ -97,6 +105,8 @@ class PoolConfig:
     eviction: str = "region_decay"
     eviction_low: float = 0.75
     eviction_block: int = 32
+    batch_decode: bool = True
+    min_share_tokens: int = 32
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):

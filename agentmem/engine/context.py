@@ -479,6 +479,16 @@ class LlamaContext:
         with self.lock:
             return _ll.llama_state_seq_get_size(self.ptr, seq)
 
+    def cells_size(self) -> int:
+        """Bytes of *all* used KV cells, each counted once (shared cells too).
+
+        This is the sequence-state size of ``seq_id = -1`` (every sequence), so
+        comparing it with the sum of per-sequence sizes measures what prefix
+        sharing saves.
+        """
+        with self.lock:
+            return _ll.llama_state_seq_get_size(self.ptr, -1)
+
     def state_get(self, seq: int) -> np.ndarray:
         """Copy ``seq``'s KV state out as a uint8 array (one copy, no Python bytes)."""
         self._check_seq(seq)

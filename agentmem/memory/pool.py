@@ -48,12 +48,13 @@ from agentmem.memory.archive import Archive, EvictedSpan
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.parking import ParkCodec, ParkedState, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
+from agentmem.memory.shared import SHARE_PREFIX, HandoffCard, longest_shared_prefix, token_checksum
 from agentmem.memory.tiers import Tier, build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
 from agentmem.policy.placement import AgentInfo, get_policy, priority_weight
 from agentmem.policy.view import LedgerView
 
-__all__ = ["ChatResult", "ChatStream", "MemoryPool", "Timings", "Usage"]
+__all__ = ["ChatResult", "ChatStream", "HandoffCard", "MemoryPool", "Timings", "Usage"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class ChatResult:
         text: generated text (stop strings removed).
         finish_reason: ``"stop"`` (end of turn or a stop string) or ``"length"``.
         kv: how the agent's KV was found: ``"reused"`` (live sequence),
-            ``"restored"`` (parked state loaded) or ``"prefilled"`` (nothing kept).
+            ``"restored"`` (parked state loaded), ``"shared"`` (a prefix taken
+            from another agent or a declared share) or ``"prefilled"`` (nothing kept).
     """
 
     agent_id: str
@@ -131,6 +133,17 @@ class _Agent:
         )
     )
     evicted_regions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One agent's next-token request in the decode batch."""
+
+    agent: _Agent
+    token: int
+    sampler: Sampler
+    result: int | None = None
+    error: BaseException | None = None
 
 
 class ChatStream(Iterator[str]):
@@ -246,9 +259,15 @@ class MemoryPool:
         self._totals: dict[str, int] = dict.fromkeys(
             ("calls", "restores", "restore_failures", "parks", "demotions", "drops", "prefill_tokens", "cached_tokens",
              "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
-             "prefetch_wasted", "resumed_agents"), 0
+             "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
+             "shared_prefix_tokens", "shared_prefix_hits", "handoffs"), 0
         )
         self._tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
+        # continuous batching of decode steps across generating agents
+        self._generating = 0
+        self._pending: list[_Step] = []
+        self._leader = False
+        self.batch_wait_s = 0.002
         self._closed = False
         if self._archive is not None:
             self._resume_from_archive()
@@ -436,12 +455,16 @@ class MemoryPool:
                     "seq": a.seq,
                     "priority": a.priority,
                     "budget": a.budget or self.config.agent_budget_tokens,
+                    "share": a.id.startswith(SHARE_PREFIX),
                     "regions": a.ledger.region_counts(),
                     "evicted_regions": dict(a.evicted_regions),
                     **a.counters,
                 }
+            hot_cells = self.ctx.cells_size() if tiers["hot"]["agents"] else 0
             totals = dict(self._totals)
             totals.update(
+                hot_cells_bytes=hot_cells,
+                shared_bytes_saved=max(0, tiers["hot"]["bytes"] - hot_cells) if hot_cells else 0,
                 agents=len(self._agents),
                 resident=tiers["hot"]["agents"],
                 hot_bytes=tiers["hot"]["bytes"],
@@ -511,6 +534,64 @@ class MemoryPool:
         """Pin (never evict) the tokens of message ``message_index`` of ``agent_id``; returns their count."""
         with self._lock:
             return self._agent(agent_id).ledger.set_pinned(message_index, pinned)
+
+    def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
+        """Declare a shared prefix (team brief, task, document); returns its token count.
+
+        The messages are decoded once (as agent ``"share:<name>"``); any agent whose
+        prompt starts with the same rendered tokens gets those cells without
+        recompute: tagged in the live cache (``seq_cp``) or restored from the
+        parked share. Undeclared common prefixes between agents are found too.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"share name must be a non-empty string, got {name!r}")
+        msgs = list(messages)
+        rendered = self.renderer.render(msgs)
+        # drop trailing template glue (the generation prompt): the share is a pure prefix
+        spans = list(rendered.spans)
+        while spans and spans[-1].message == -1:
+            spans.pop()
+        end = spans[-1].end if spans else 0
+        if end < 1:
+            raise ConfigError(f"share {name!r} renders to no tokens")
+        prefix = RenderedPrompt(rendered.tokens[:end], spans)
+        stream = ChatStream(self._run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs)))
+        for _ in stream:
+            pass
+        return end
+
+    def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
+        """Start ``dst``'s context as ``src``'s (its first ``upto`` history tokens), without recompute.
+
+        A live source's cells are shared with the destination (``seq_cp``); a
+        parked source's state is restored into the destination's sequence. The
+        destination then diverges copy-on-write; the source is unaffected.
+        """
+        self._check_agent_id(dst)
+        if src == dst:
+            raise ConfigError("handoff needs two different agents")
+        with self._lock:
+            s = self._agent(src)
+            n = len(s.ledger) if upto is None else upto
+            if not isinstance(n, int) or not 0 < n <= len(s.ledger):
+                raise ConfigError(f"upto must be in [1, {len(s.ledger)}] for agent {src!r}, got {upto!r}")
+            d = self._agents.setdefault(dst, _Agent(dst))
+            if s.busy or d.busy:
+                raise AgentMemError(f"agent {(src if s.busy else dst)!r} is generating; cannot hand off now")
+            s.busy += 1
+            d.busy += 1
+            try:
+                mode = self._copy_prefix(s, d, n)
+            finally:
+                s.busy -= 1
+                d.busy -= 1
+                s.last_used = d.last_used = time.monotonic()
+                self._cond.notify_all()
+            self._totals["handoffs"] += 1
+            return HandoffCard(
+                src=src, dst=dst, seq_no=self._totals["handoffs"], n_tokens=n, n_live=d.ledger.n_live, mode=mode,
+                fingerprint=self.fingerprint["model"], checksum=token_checksum(d.ledger.tokens[:n]),
+            )
 
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
         """The ``k`` evicted spans of ``agent_id`` that best match ``query`` (full-text search)."""
@@ -905,6 +986,147 @@ class MemoryPool:
                 return None
             return sampler.sample(self.ctx.ptr, idx)
 
+    def _copy_prefix(self, s: _Agent, d: _Agent, n: int) -> str:
+        """Give ``d`` the first ``n`` history tokens of ``s`` and their KV (lock held, both busy)."""
+        if d.seq is not None:
+            self.ctx.seq_rm(d.seq)
+        for t in self._tiers.values():
+            t.delete(d.id)
+        d.tier = "empty"
+        d.ledger = Ledger()
+        self._acquire_seq(d)
+        assert d.seq is not None
+        n_live = s.ledger.live_before(n)
+        arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
+        if s.seq is not None:
+            self.ctx.seq_cp(s.seq, d.seq, 0, n_live)
+            mode = "shared"
+        else:
+            stored = self._tiers[s.tier].get(s.id) if s.tier in self._tiers else None
+            if stored is None:
+                raise StateError(f"agent {s.id!r} has no KV state to hand off")
+            blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            if self.ctx.state_set(d.seq, blob) == 0:
+                raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
+            if n_live < s.ledger.n_live:
+                pmin = self.ctx.seq_pos_min(d.seq)
+                if self.model.n_swa > 0 and pmin > max(0, n_live - self.model.n_swa + 1):
+                    self.ctx.seq_rm(d.seq)
+                    raise StateError(
+                        f"agent {s.id!r} is parked past its sliding window; hand off from it while it is live"
+                    )
+                self.ctx.seq_rm(d.seq, n_live, -1)
+            mode = "restored"
+        d.ledger = Ledger.from_arrays(arrays)
+        return mode
+
+    def _share_prefix(self, a: _Agent, prompt: RenderedPrompt) -> int:
+        """Give a fresh agent the longest prefix of ``prompt`` another agent holds (lock held)."""
+        n_min = self.config.min_share_tokens
+        if not n_min or len(prompt.tokens) <= n_min:
+            return 0
+        toks = np.asarray(prompt.tokens, dtype=np.int32)
+        cands = [
+            (x.id, x.ledger) for x in self._agents.values()
+            if x is not a and not x.busy and len(x.ledger) and (x.seq is not None or x.tier in self._tiers)
+        ]
+        donor_id, n = longest_shared_prefix(toks, cands)
+        n = min(n, len(toks) - 1)
+        if donor_id is None or n < n_min:
+            return 0
+        donor = self._agents[donor_id]
+        if donor.seq is None and donor.ledger.n_live - n > 0 and self.model.n_swa > 0 and donor.ledger.n_live - n >= self.model.n_swa:
+            return 0  # a parked donor keeps only its last window of sliding-window layers
+        donor.busy += 1
+        try:
+            self._copy_prefix(donor, a, n)
+        except AgentMemError as exc:
+            logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
+            if a.seq is not None:
+                self.ctx.seq_rm(a.seq)
+            a.ledger = Ledger()
+            return 0
+        finally:
+            donor.busy -= 1
+        # the copied ledger carries the donor's regions; re-tag with this prompt's spans
+        a.ledger.truncate(0)
+        a.ledger.extend(prompt.tokens[:n], prompt.spans)
+        self._totals["shared_prefix_hits"] += 1
+        self._totals["shared_prefix_tokens"] += n
+        logger.debug("agent %r starts from %d tokens of %r", a.id, n, donor_id)
+        return n
+
+    def _step(self, a: _Agent, tok: int, sampler: Sampler, t: Timings) -> int:
+        """Decode ``tok`` for ``a`` and sample its next token, batched with other agents.
+
+        Continuous batching: every generating agent submits its step; one of the
+        waiting threads (the *leader*) decodes all pending steps in a single
+        ``llama_decode`` — one token per sequence — samples each, and hands the
+        results back. A new request simply joins the next batch.
+        """
+        budget = self._budget(a)
+        with self._lock:
+            if budget and a.ledger.n_live + 2 > budget:
+                t.evict_s += self._evict(a, max(0, int(budget * self.config.eviction_low)))
+            if a.ledger.n_live + 1 >= self.capacity:
+                raise ContextOverflowError(
+                    f"agent {a.id!r} reached its capacity of {self.capacity} tokens",
+                    n_tokens=a.ledger.n_live + 1, capacity=self.capacity,
+                )
+            step = _Step(a, tok, sampler)
+            if not self.config.batch_decode:
+                self._run_batch([step])
+                if step.error is not None:
+                    raise step.error
+                assert step.result is not None
+                return step.result
+            self._pending.append(step)
+            while step.result is None and step.error is None:
+                if self._leader:
+                    self._cond.wait()
+                    continue
+                self._leader = True
+                try:
+                    deadline = time.perf_counter() + self.batch_wait_s
+                    # give the other generating agents a moment to join this batch
+                    while len(self._pending) < self._generating:
+                        left = deadline - time.perf_counter()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    batch, self._pending = self._pending[: self.ctx.n_batch], self._pending[self.ctx.n_batch :]
+                    self._run_batch(batch)
+                finally:
+                    self._leader = False
+                    self._cond.notify_all()
+            if step.error is not None:
+                raise step.error
+            assert step.result is not None
+            return step.result
+
+    def _run_batch(self, batch: list[_Step]) -> None:
+        """Decode one token for each step's sequence in one batch, then sample each (lock held)."""
+        try:
+            runs = [(st.agent.seq, (st.token,), st.agent.ledger.n_live) for st in batch]
+            while True:
+                try:
+                    idxs = self.ctx.decode_multi(runs)  # type: ignore[arg-type]
+                    break
+                except EngineError as exc:
+                    if getattr(exc, "code", None) == 1 and self._make_room(batch[0].agent):
+                        continue
+                    raise
+            for st, idx in zip(batch, idxs):
+                st.agent.ledger.extend((st.token,), None, region="assistant", message=st.agent.n_messages)
+                st.result = st.sampler.sample(self.ctx.ptr, idx)
+            self._totals["batched_steps"] += 1
+            self._totals["batched_tokens"] += len(batch)
+            self._totals["max_batch"] = max(self._totals["max_batch"], len(batch))
+        except BaseException as exc:
+            for st in batch:
+                if st.result is None:
+                    st.error = exc
+
     def _run(self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int) -> Iterator[str | ChatResult]:
         self._check_open()
         t0 = time.perf_counter()
@@ -932,6 +1154,7 @@ class MemoryPool:
             self._predictor.observe(agent_id)
         sampler: Sampler | None = None
         timings = Timings()
+        generating = False
         try:
             with self._lock:
                 tr = time.perf_counter()
@@ -961,7 +1184,10 @@ class MemoryPool:
                             n_keep = 0
                     keep_live = a.ledger.truncate(n_keep)
                     self.ctx.seq_rm(a.seq, keep_live, -1)
-                kv = "restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled")
+                shared = 0
+                if n_keep == 0 and len(a.ledger) == 0:
+                    shared = n_keep = self._share_prefix(a, prompt)
+                kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
             sampler = Sampler(self.model.vocab, self.model.n_vocab, params) if params.max_tokens > 0 else None
             tp = time.perf_counter()
             new = prompt.tokens[n_keep:]
@@ -976,6 +1202,9 @@ class MemoryPool:
             completion: list[int] = []
             finish = "length"
             budget = self._budget(a)
+            with self._lock:
+                self._generating += 1
+                generating = True
             while tok is not None:
                 if self.model.is_eog(tok):
                     finish = "stop"
@@ -989,7 +1218,11 @@ class MemoryPool:
                     break
                 if len(completion) >= params.max_tokens or (not budget and a.ledger.n_live + 1 >= self.capacity):
                     break
-                tok = self._decode(a, (tok,), None, sampler, timings)
+                tok = self._step(a, tok, sampler, timings)
+            with self._lock:
+                self._generating -= 1
+                generating = False
+                self._cond.notify_all()
             tail = asm.flush()
             if tail:
                 yield tail
@@ -1015,6 +1248,8 @@ class MemoryPool:
             if sampler is not None:
                 sampler.close()
             with self._lock:
+                if generating:
+                    self._generating -= 1
                 a.busy -= 1
                 a.last_used = time.monotonic()
                 self._cond.notify_all()

@@ -163,6 +163,8 @@ class EvictionPolicy(ABC):
         starts, ends, lengths, mean = starts[keep], ends[keep], lengths[keep], mean[keep]
         if lengths.sum() <= need:  # pinned alone reach the target: evict everything evictable
             chosen = np.arange(starts.shape[0])
+            if lengths.sum() < need:
+                logger.debug("%s: %d pinned tokens exceed the target %d", self.name, int(pinned.sum()), target)
         else:
             order = np.lexsort((starts, mean))  # lowest mean first, older first on ties
             taken = np.cumsum(lengths[order])
