@@ -122,7 +122,7 @@ class Sampler:
                 data=self._one.ctypes.data_as(_ll.llama_token_data_p), size=1, selected=-1, sorted=False
             )
         if params.repeat_penalty != 1.0:
-            add(_ll.llama_sampler_init_penalties(params.repeat_last_n, params.repeat_penalty, 0.0, 0.0))
+            add(_ll.llama_sampler_init_penalties(n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0))
         if params.temperature == 0.0:
             add(_ll.llama_sampler_init_greedy())
         else:

@@ -578,12 +578,16 @@ class MemoryPool:
             d = self._agents.setdefault(dst, _Agent(dst))
             if s.busy or d.busy:
                 raise AgentMemError(f"agent {(src if s.busy else dst)!r} is generating; cannot hand off now")
-            s.busy += 1
             d.busy += 1
             try:
-                mode = self._copy_prefix(s, d, n)
+                self._reset(d)
+                self._acquire_seq(d)  # may park the source: then its parked state is handed over
+                s.busy += 1
+                try:
+                    mode = self._copy_prefix(s, d, n)
+                finally:
+                    s.busy -= 1
             finally:
-                s.busy -= 1
                 d.busy -= 1
                 s.last_used = d.last_used = time.monotonic()
                 self._cond.notify_all()
@@ -986,16 +990,19 @@ class MemoryPool:
                 return None
             return sampler.sample(self.ctx.ptr, idx)
 
-    def _copy_prefix(self, s: _Agent, d: _Agent, n: int) -> str:
-        """Give ``d`` the first ``n`` history tokens of ``s`` and their KV (lock held, both busy)."""
+    def _reset(self, d: _Agent) -> None:
+        """Empty ``d``'s KV, stored states and ledger (it keeps its sequence if it has one)."""
         if d.seq is not None:
             self.ctx.seq_rm(d.seq)
         for t in self._tiers.values():
             t.delete(d.id)
         d.tier = "empty"
         d.ledger = Ledger()
-        self._acquire_seq(d)
-        assert d.seq is not None
+
+    def _copy_prefix(self, s: _Agent, d: _Agent, n: int) -> str:
+        """Give ``d`` (resident) the first ``n`` history tokens of ``s`` and their KV (lock held, both busy)."""
+        assert d.seq is not None, "the destination needs a sequence"
+        self._reset(d)
         n_live = s.ledger.live_before(n)
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
         if s.seq is not None:

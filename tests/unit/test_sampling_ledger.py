@@ -55,3 +55,18 @@ def test_ledger_grow_truncate_and_merge_spans():
     assert led.region_counts() == {"system": 100, "user": 20}
     with pytest.raises(ValueError):
         led.tokens[0] = 5  # read-only view
+
+
+def test_repeat_penalty_and_sampling_paths_run(tiny_model_path):
+    """Regression: llama_sampler_init_penalties takes n_vocab first in this llama.cpp (it crashed)."""
+    from agentmem import MemoryPool
+
+    with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=1, n_batch=64, prefetch=False) as p:
+        msgs = [{"role": "user", "content": "hello there"}]
+        r = p.chat("a", msgs, max_tokens=8, repeat_penalty=1.3)
+        assert r.usage.completion_tokens > 0
+        r1 = p.chat("b", msgs, max_tokens=8, temperature=0.8, seed=7, top_k=20, top_p=0.9, min_p=0.01)
+        r2 = p.chat("c", msgs, max_tokens=8, temperature=0.8, seed=7, top_k=20, top_p=0.9, min_p=0.01)
+        assert r1.tokens == r2.tokens  # seeded sampling is reproducible
+        g = p.chat("d", msgs, max_tokens=6, grammar='root ::= "yes" | "no"')
+        assert g.text in ("yes", "no")
