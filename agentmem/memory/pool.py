@@ -164,6 +164,13 @@ class ChatStream(Iterator[str]):
                 continue
             return item
 
+    def drain(self) -> ChatResult:
+        """Consume the rest of the stream and return its :class:`ChatResult`."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
     def close(self) -> None:
         """Stop generating (frees the agent for other calls)."""
         self._gen.close()  # type: ignore[attr-defined]
@@ -344,11 +351,9 @@ class MemoryPool:
             ContextOverflowError: the prompt does not fit ``capacity`` (and the
                 agent has no token budget to evict down to).
         """
-        stream = self.chat_stream(agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling)
-        for _ in stream:
-            pass
-        assert stream.result is not None
-        return stream.result
+        return self.chat_stream(
+            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+        ).drain()
 
     def chat_stream(
         self,
@@ -381,11 +386,9 @@ class MemoryPool:
         **sampling: Any,
     ) -> ChatResult:
         """Raw completion of ``prompt`` (no chat template) in ``agent_id``'s context."""
-        stream = self.complete_stream(agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling)
-        for _ in stream:
-            pass
-        assert stream.result is not None
-        return stream.result
+        return self.complete_stream(
+            agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+        ).drain()
 
     def complete_stream(
         self,
@@ -555,9 +558,7 @@ class MemoryPool:
         if end < 1:
             raise ConfigError(f"share {name!r} renders to no tokens")
         prefix = RenderedPrompt(rendered.tokens[:end], spans)
-        stream = ChatStream(self._run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs)))
-        for _ in stream:
-            pass
+        ChatStream(self._run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs))).drain()
         return end
 
     def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
