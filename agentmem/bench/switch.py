@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -85,6 +86,7 @@ def run(
     model_path: str | None = None,
     out: Path | None = Path("bench-results/switch.json"),
     variants: tuple[str, ...] = ("llama", "llama+ram", "agentmem", "resident"),
+    n_threads: int = 0,
 ) -> dict[str, Any]:
     """Run the benchmark; returns (and writes) the results dict."""
     from llama_cpp import Llama, LlamaRAMCache
@@ -93,13 +95,14 @@ def run(
     from agentmem.model import resolve_model_path
 
     path = str(resolve_model_path(model_path))
+    load_before = os.getloadavg()
     n_ctx = max(4096, history_tokens + rounds * 120 + 512)
     pool_ctx = n_ctx * n_agents
 
     log = say
 
     # One renderer for everyone, so every variant sees identical token lists.
-    with MemoryPool(path, n_ctx=n_ctx, resident_agents=1) as tmp:
+    with MemoryPool(path, n_ctx=n_ctx, resident_agents=1, n_threads=n_threads) as tmp:
         hist = build_histories(n_agents, history_tokens, tmp.count_tokens)
         renderer_tokens = lambda m: tmp.renderer.render(m).tokens  # noqa: E731
         agents = list(hist)
@@ -118,7 +121,8 @@ def run(
     results: dict[str, Any] = {}
 
     def llama_variant(name: str, use_cache: bool) -> None:
-        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0)
+        threads = n_threads or None
+        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=threads, n_threads_batch=threads)
         if use_cache:
             llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
 
@@ -140,7 +144,7 @@ def run(
         log(f"  {name:10s} median {results[name]['median_ms']:8.1f} ms   p95 {results[name]['p95_ms']:8.1f} ms")
 
     def pool_variant(name: str, resident: int) -> None:
-        with MemoryPool(path, n_ctx=pool_ctx, resident_agents=resident) as pool:
+        with MemoryPool(path, n_ctx=pool_ctx, resident_agents=resident, n_threads=n_threads, prefetch=False) as pool:
             for a, _, msgs in warm:
                 pool.chat(a, msgs, max_tokens=max_tokens)
             xs, kv, restore = [], [], []
@@ -183,7 +187,14 @@ def run(
             ratios["agentmem / resident"] = c / results["resident"]["median_ms"]
     report = {
         "benchmark": "switch",
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "n_threads": n_threads or "all",
+        },
         "config": {"n_agents": n_agents, "history_tokens": hist_sizes, "rounds": rounds, "max_tokens": max_tokens, "model": Path(path).name},
         "results": results,
         "ratios": ratios,
@@ -228,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default="bench-results/switch.json")
     ap.add_argument("--variants", default="llama,llama+ram,agentmem,resident")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for every variant (0 = all cores)")
     args = ap.parse_args(argv)
     run(
         n_agents=args.agents,
@@ -237,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path=args.model,
         out=Path(args.out) if args.out else None,
         variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+        n_threads=args.threads,
     )
     return 0
 

@@ -173,6 +173,28 @@ class LlamaModel:
         raw = _ll.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", "replace") if raw else None
 
+    def kv_bytes_per_cell(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        """Bytes one KV cell takes over all layers (0 when the GGUF lacks the sizes).
+
+        From the GGUF's attention metadata: layers × KV heads × (key_length ×
+        size(type_k) + value_length × size(type_v)), plus llama.cpp's per-cell
+        metadata in a state blob.
+        """
+        arch = self.meta("general.architecture") or ""
+        try:
+            n_layer = int(self.meta(f"{arch}.block_count") or 0)
+            heads = int(self.meta(f"{arch}.attention.head_count_kv") or 0)
+            head = int(self.meta(f"{arch}.attention.head_count") or 0)
+            emb = int(self.meta(f"{arch}.embedding_length") or 0)
+            k_len = int(self.meta(f"{arch}.attention.key_length") or (emb // head if head else 0))
+            v_len = int(self.meta(f"{arch}.attention.value_length") or k_len)
+        except ValueError:  # per-layer arrays (variable KV heads): no single figure
+            return 0
+        size = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                "q4_1": 20 / 32, "q4_0": 18 / 32}
+        per_layer = heads * (k_len * size[type_k] + v_len * size[type_v])
+        return int(round(n_layer * per_layer)) + 12 if n_layer and per_layer else 0
+
     def has_special(self, text: str) -> bool:
         """True when ``text`` is a single special token of this vocabulary."""
         return len(self.tokenize(text, add_special=False, parse_special=True)) == 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 import math
 import queue
 import threading
@@ -278,6 +279,9 @@ class MemoryPool:
         self._closed = False
         if self._archive is not None:
             self._resume_from_archive()
+        # async calls wait on the pool most of the time: give them enough threads that
+        # every resident agent can be in a decode batch (asyncio's default pool has cpu+4)
+        self._executor = ThreadPoolExecutor(max_workers=max(32, 4 * cfg.resident_agents), thread_name_prefix="agentmem")
         self._prefetch_q: queue.Queue[str | None] | None = None
         self._prefetch_thread: threading.Thread | None = None
         if cfg.prefetch and cfg.resident_agents > 1:
@@ -306,6 +310,7 @@ class MemoryPool:
                     logger.error("could not save agents to %s on close: %s", self.config.archive_path, exc)
         finally:
             self._closed = True
+            self._executor.shutdown(wait=False, cancel_futures=True)
             if self._archive is not None:
                 self._archive.close()
             if self._recall_store is not self._archive:
@@ -408,11 +413,11 @@ class MemoryPool:
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
         """Async :meth:`chat` (runs in a worker thread; never blocks the event loop)."""
         msgs = list(messages)
-        return await asyncio.to_thread(self.chat, agent_id, msgs, **kw)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.chat(agent_id, msgs, **kw))
 
     async def acomplete(self, agent_id: str, prompt: str, **kw: Any) -> ChatResult:
         """Async :meth:`complete`."""
-        return await asyncio.to_thread(self.complete, agent_id, prompt, **kw)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.complete(agent_id, prompt, **kw))
 
     async def achat_stream(
         self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any
@@ -464,10 +469,13 @@ class MemoryPool:
                     **a.counters,
                 }
             hot_cells = self.ctx.cells_size() if tiers["hot"]["agents"] else 0
+            bpc = self.model.kv_bytes_per_cell(self.config.type_k, self.config.type_v)
+            live_cells = sum(a.ledger.n_live for a in self._agents.values() if a.seq is not None)
             totals = dict(self._totals)
             totals.update(
                 hot_cells_bytes=hot_cells,
-                shared_bytes_saved=max(0, tiers["hot"]["bytes"] - hot_cells) if hot_cells else 0,
+                # what the live agents would occupy without shared cells, minus what they do occupy
+                shared_bytes_saved=max(0, live_cells * bpc - hot_cells) if (hot_cells and bpc) else 0,
                 agents=len(self._agents),
                 resident=tiers["hot"]["agents"],
                 hot_bytes=tiers["hot"]["bytes"],
@@ -549,11 +557,10 @@ class MemoryPool:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"share name must be a non-empty string, got {name!r}")
         msgs = list(messages)
-        rendered = self.renderer.render(msgs)
-        # drop trailing template glue (the generation prompt): the share is a pure prefix
-        spans = list(rendered.spans)
-        while spans and spans[-1].message == -1:
-            spans.pop()
+        # Render with a following user turn and keep what precedes it: that is exactly
+        # the prefix agents' prompts (shared messages + their own turns) start with.
+        rendered = self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}])
+        spans = [sp for sp in rendered.spans if 0 <= sp.message < len(msgs) or (sp.message == -1 and sp.start == 0)]
         end = spans[-1].end if spans else 0
         if end < 1:
             raise ConfigError(f"share {name!r} renders to no tokens")
@@ -772,8 +779,11 @@ class MemoryPool:
             if stored is None:
                 raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
             blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-            if self.ctx.state_set(a.seq, blob) == 0:
-                raise StateError("llama_state_seq_set_data rejected the blob")
+            # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
+            # for the latter, park idle agents and try again before giving up
+            while self.ctx.state_set(a.seq, blob) == 0:
+                if not self._make_room(a):
+                    raise StateError("llama_state_seq_set_data rejected the blob")
             pos_max = self.ctx.seq_pos_max(a.seq)
             if pos_max != a.ledger.n_live - 1:
                 raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
@@ -1034,28 +1044,34 @@ class MemoryPool:
         if not n_min or len(prompt.tokens) <= n_min:
             return 0
         toks = np.asarray(prompt.tokens, dtype=np.int32)
-        cands = [
-            (x.id, x.ledger) for x in self._agents.values()
-            if x is not a and not x.busy and len(x.ledger) and (x.seq is not None or x.tier in self._tiers)
-        ]
-        donor_id, n = longest_shared_prefix(toks, cands)
-        n = min(n, len(toks) - 1)
-        if donor_id is None or n < n_min:
+        ranked: list[tuple[int, str]] = []
+        for x in self._agents.values():
+            if x is a or x.busy or not len(x.ledger) or not (x.seq is not None or x.tier in self._tiers):
+                continue
+            _, n = longest_shared_prefix(toks, [(x.id, x.ledger)])
+            n = min(n, len(toks) - 1)
+            if n < n_min:
+                continue
+            if x.seq is None and self.model.n_swa > 0 and n < x.ledger.n_live - 1:
+                # a parked state keeps only the last window of the sliding-window layers,
+                # so it can be cut back only to its own end
+                continue
+            ranked.append((n, x.id))
+        ranked.sort(key=lambda t: (-t[0], self._agents[t[1]].seq is None, t[1]))  # longest first, live first
+        for n, donor_id in ranked:
+            donor = self._agents[donor_id]
+            donor.busy += 1
+            try:
+                self._copy_prefix(donor, a, n)
+            except AgentMemError as exc:
+                logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
+                self._reset(a)
+                continue
+            finally:
+                donor.busy -= 1
+            break
+        else:
             return 0
-        donor = self._agents[donor_id]
-        if donor.seq is None and donor.ledger.n_live - n > 0 and self.model.n_swa > 0 and donor.ledger.n_live - n >= self.model.n_swa:
-            return 0  # a parked donor keeps only its last window of sliding-window layers
-        donor.busy += 1
-        try:
-            self._copy_prefix(donor, a, n)
-        except AgentMemError as exc:
-            logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
-            if a.seq is not None:
-                self.ctx.seq_rm(a.seq)
-            a.ledger = Ledger()
-            return 0
-        finally:
-            donor.busy -= 1
         # the copied ledger carries the donor's regions; re-tag with this prompt's spans
         a.ledger.truncate(0)
         a.ledger.extend(prompt.tokens[:n], prompt.spans)
@@ -1194,7 +1210,10 @@ class MemoryPool:
                     self.ctx.seq_rm(a.seq, keep_live, -1)
                 shared = 0
                 if n_keep == 0 and len(a.ledger) == 0:
+                    ts = time.perf_counter()
                     shared = n_keep = self._share_prefix(a, prompt)
+                    if shared:
+                        timings.restore_s += time.perf_counter() - ts
                 kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
             sampler = Sampler(self.model.vocab, self.model.n_vocab, params) if params.max_tokens > 0 else None
             tp = time.perf_counter()
