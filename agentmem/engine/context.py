@@ -48,6 +48,7 @@ KVType = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0"
 
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
 _GGML_LEVEL = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
+_SWA_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_SWA_ONLY / PARTIAL_ONLY
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -523,6 +524,30 @@ class LlamaContext:
             if n != size:
                 raise EngineError(f"llama_state_seq_get_data(seq={seq}) wrote {n} of {size} bytes")
             return buf
+
+    def swa_state_get(self, seq: int) -> np.ndarray:
+        """Copy out only the sliding-window layers of ``seq`` (``PARTIAL_ONLY`` state).
+
+        A state blob keeps those layers only for the last window before the
+        sequence's end; capturing them at an earlier end (a *checkpoint*) lets a
+        restored sequence roll back to it. Empty for models without SWA.
+        """
+        self._check_seq(seq)
+        with self.lock:
+            size = _ll.llama_state_seq_get_size_ext(self.ptr, seq, _SWA_ONLY)
+            buf = np.empty(size, dtype=np.uint8)
+            n = _ll.llama_state_seq_get_data_ext(self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq, _SWA_ONLY)
+            if n != size:
+                raise EngineError(f"llama_state_seq_get_data_ext(seq={seq}, SWA_ONLY) wrote {n} of {size} bytes")
+            return buf
+
+    def swa_state_set(self, seq: int, blob: np.ndarray) -> int:
+        """Replace only the sliding-window layers of ``seq`` from :meth:`swa_state_get` (0 = rejected)."""
+        self._check_seq(seq)
+        with self.lock:
+            return _ll.llama_state_seq_set_data_ext(
+                self.ptr, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.nbytes, seq, _SWA_ONLY
+            )
 
     def state_set(self, seq: int, blob: np.ndarray | bytes | bytearray | memoryview) -> int:
         """Load a state blob into ``seq`` (its old cells are dropped first).

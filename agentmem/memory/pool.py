@@ -127,6 +127,10 @@ class _Agent:
     n_messages: int = 0
     prefetched: bool = False
     labels: dict[str, Any] = field(default_factory=dict)
+    # end of the last prompt (history index, live position), before its reply was generated
+    prompt_end: tuple[int, int] = (0, 0)
+    # sliding-window layers as of prompt_end, captured when parked (see _move)
+    swa_ckpt: np.ndarray | None = None
     counters: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             ("calls", "restores", "restore_failures", "parks", "demotions", "prefill_tokens", "cached_tokens",
@@ -796,6 +800,15 @@ class MemoryPool:
             assert a.seq is not None
             if a.ledger.n_live:
                 state = self._codec(codec).encode(self.ctx.state_get(a.seq), n_tokens=a.ledger.n_live)
+                a.swa_ckpt = None
+                pe_hist, pe_live = a.prompt_end
+                if dst == "warm" and self.model.n_swa > 0 and 0 < pe_live < a.ledger.n_live:
+                    # The blob keeps the sliding-window layers only for the window before
+                    # its end. The app usually re-sends the reply slightly differently
+                    # (trimmed, edited), so keep those layers as of the prompt's end too:
+                    # a restore can then roll back to it instead of re-prefilling.
+                    self.ctx.seq_rm(a.seq, pe_live, -1)
+                    a.swa_ckpt = self.ctx.swa_state_get(a.seq)
                 self._store(a, dst, state)
             self.ctx.seq_rm(a.seq)
             self._release_seq(a)
@@ -1197,17 +1210,31 @@ class MemoryPool:
                 assert a.seq is not None
                 a.n_messages = n_messages
                 n_keep = min(a.ledger.common_prefix(prompt.tokens), n_prompt - 1)
+                ckpt, a.swa_ckpt = a.swa_ckpt, None
                 if n_keep < len(a.ledger):
                     keep_live = a.ledger.live_before(n_keep)
+                    use_ckpt = False
                     if 0 < keep_live < a.ledger.n_live and self.model.n_swa > 0:
                         # A restored state carries only the last window of the sliding-window
                         # layers; cutting back below it would leave them without history.
                         pmin = self.ctx.seq_pos_min(a.seq)
                         if pmin > max(0, keep_live - self.model.n_swa + 1):
-                            logger.debug("agent %r: SWA cells start at %d, cannot cut to %d; re-prefilling", a.id, pmin, keep_live)
-                            n_keep = 0
+                            if ckpt is not None and keep_live >= a.prompt_end[1]:
+                                n_keep, use_ckpt = a.prompt_end[0], True  # roll back to the checkpoint
+                            else:
+                                logger.debug("agent %r: SWA cells start at %d, cannot cut to %d; re-prefilling", a.id, pmin, keep_live)
+                                n_keep = 0
                     keep_live = a.ledger.truncate(n_keep)
                     self.ctx.seq_rm(a.seq, keep_live, -1)
+                    if use_ckpt:
+                        assert ckpt is not None
+                        if self.ctx.swa_state_set(a.seq, ckpt) == 0 or self.ctx.seq_pos_min(a.seq) > max(
+                            0, keep_live - self.model.n_swa + 1
+                        ):
+                            logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)
+                            self.ctx.seq_rm(a.seq)
+                            a.ledger.truncate(0)
+                            n_keep = 0
                 shared = 0
                 if n_keep == 0 and len(a.ledger) == 0:
                     ts = time.perf_counter()
@@ -1219,6 +1246,7 @@ class MemoryPool:
             tp = time.perf_counter()
             new = prompt.tokens[n_keep:]
             tok = self._decode(a, new, prompt.spans, sampler, timings)
+            a.prompt_end = (len(a.ledger), a.ledger.n_live)
             t_first = time.perf_counter()
             timings.prefill_s = t_first - tp
             a.counters["prefill_tokens"] += len(new)
