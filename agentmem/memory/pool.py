@@ -59,6 +59,8 @@ __all__ = ["ChatResult", "ChatStream", "HandoffCard", "MemoryPool", "Timings", "
 
 logger = logging.getLogger(__name__)
 
+_REBALANCE = "\x00rebalance"  # work item of the background worker (never a valid agent id there)
+
 
 @dataclass(slots=True)
 class Usage:
@@ -842,14 +844,19 @@ class MemoryPool:
         a.ledger.clear()
         self._totals["drops"] += 1
 
-    def _rebalance(self) -> None:
-        """Apply the byte budgets of WARM and COLD with hysteresis."""
+    def _rebalance(self, *, urgent_only: bool = False) -> None:
+        """Apply the byte budgets of WARM and COLD with hysteresis.
+
+        With ``urgent_only`` (on a call's critical path) only a tier above its
+        budget itself is rebalanced; crossing the high watermark is handled after
+        the call (:meth:`_after_call`), so demotion I/O does not delay a reply.
+        """
         cfg = self.config
         for tier, budget in (("warm", cfg.warm_budget_bytes), ("cold", cfg.cold_budget_bytes)):
             if not budget or tier not in self._tiers:
                 continue
             t = self._tiers[tier]
-            if t.total_bytes() <= cfg.watermark_high * budget:
+            if t.total_bytes() <= (budget if urgent_only else cfg.watermark_high * budget):
                 continue
             members = [self._agents[x] for x in t.agents() if x in self._agents and self._agents[x].tier == tier]
             order = self._placement.demotion_order([self._info(x) for x in members if not x.busy])
@@ -878,7 +885,7 @@ class MemoryPool:
                     self._totals["prefetch_wasted"] += 1
                     victim.prefetched = False
                 self._move(victim, "warm")
-                self._rebalance()
+                self._rebalance(urgent_only=True)
                 break
             if prefetch:
                 return "busy"
@@ -912,7 +919,7 @@ class MemoryPool:
         if not idle:
             return False
         self._move(self._agents[self._placement.demotion_order([self._info(x) for x in idle])[0].id], "warm")
-        self._rebalance()
+        self._rebalance(urgent_only=True)
         return True
 
     # ------------------------------------------------------------------ internals: eviction
@@ -1308,10 +1315,19 @@ class MemoryPool:
                 a.busy -= 1
                 a.last_used = time.monotonic()
                 self._cond.notify_all()
-            if self._prefetch_q is not None:
-                nxt = self._predictor.predict(agent_id)
-                if nxt is not None and nxt != agent_id:
-                    self._prefetch_q.put(nxt)
+            self._after_call(agent_id)
+
+    def _after_call(self, agent_id: str) -> None:
+        """Housekeeping off the reply's path: rebalance tiers, prefetch the predicted next agent."""
+        if self._prefetch_q is None:
+            with self._lock:
+                if not self._closed:
+                    self._rebalance()
+            return
+        self._prefetch_q.put(_REBALANCE)
+        nxt = self._predictor.predict(agent_id)
+        if nxt is not None and nxt != agent_id:
+            self._prefetch_q.put(nxt)
 
     # ------------------------------------------------------------------ internals: prefetch
     def _prefetch_worker(self) -> None:
@@ -1322,6 +1338,9 @@ class MemoryPool:
                 if aid is None or self._closed:
                     return
                 with self._lock:
+                    if aid == _REBALANCE:
+                        self._rebalance()
+                        continue
                     a = self._agents.get(aid)
                     if a is None or a.busy or a.seq is not None or a.tier not in self._tiers:
                         continue
