@@ -949,7 +949,8 @@ class MemoryPool:
             self.ctx.seq_add(a.seq, e, -1, -(e - s))
         hist = led.evict_live(ranges)
         # archive the evicted text, one row per contiguous history run
-        cuts = np.flatnonzero(np.diff(hist) != 1) + 1
+        msg_of = led.messages[hist]
+        cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msg_of) != 0)) + 1  # one row per message run
         rows = []
         from agentmem.engine.chat_format import REGIONS
 
