@@ -1073,10 +1073,11 @@ class MemoryPool:
             n = min(n, len(toks) - 1)
             if n < n_min:
                 continue
-            if x.seq is None and self.model.n_swa > 0 and n < x.ledger.n_live - 1:
-                # a parked state keeps only the last window of the sliding-window layers,
-                # so it can be cut back only to its own end
-                continue
+            if x.seq is None and self.model.n_swa > 0:
+                # a parked state keeps only the last window of the sliding-window layers
+                # (positions from n_live - n_swa): it can be cut back only within that
+                if max(0, x.ledger.n_live - self.model.n_swa) > max(0, n - self.model.n_swa + 1):
+                    continue
             ranked.append((n, x.id))
         ranked.sort(key=lambda t: (-t[0], self._agents[t[1]].seq is None, t[1]))  # longest first, live first
         for n, donor_id in ranked:

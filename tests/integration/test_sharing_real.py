@@ -167,6 +167,9 @@ async def test_batched_replies_equal_one_at_a_time(default_model_path):
         return [{"role": "user", "content": f"Write a numbered list of tips about {topics[i]}, one per line."}]
 
     with MemoryPool(default_model_path, n_ctx=2048, resident_agents=5, n_threads=1) as p:
+        # the leader waits for all four agents each step: the batch composition (and so
+        # llama.cpp's rounding) does not depend on thread timing on a loaded machine
+        p.batch_wait_s = 5.0
         for i in range(4):
             p.chat(f"w{i}", msgs(i), max_tokens=1)
         batched = await asyncio.gather(*(p.achat(f"w{i}", msgs(i), max_tokens=N_GEN) for i in range(4)))
@@ -210,10 +213,10 @@ def test_decode_multi_isolated_and_close_to_decode_run(default_model_path):
         assert diff <= 0.05 * scale, (s, diff, scale)
 
 
-@pytest.mark.xfail(strict=True, reason="pool: a parked donor whose history runs past the join point is chosen, cannot "
-                                       "be cut (sliding-window tail) and no other candidate is tried: full prefill")
 def test_join_from_parked_team_uses_the_parked_share(default_model_path):
-    """Regression guard: with everything parked, a new agent must still start from the declared share.
+    """Regression: with everything parked, a new agent must still start from the declared share.
+
+    (The pool used to pick the longest parked match, fail to cut it, and prefill.)
 
     A parked state keeps only the last 512 positions of Gemma 3's sliding-window
     layers, so a parked donor can be cut only within one token of its end. The
