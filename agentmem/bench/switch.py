@@ -110,6 +110,10 @@ def run(
         schedule: list[tuple[str, list[int], list[dict]]] = []
         convo = {a: list(h) for a, h in hist.items()}
         warm = [(a, renderer_tokens(convo[a] + [{"role": "user", "content": "Ready?"}]), convo[a] + [{"role": "user", "content": "Ready?"}]) for a in agents]
+        # the conversation goes on from the warm-up turn (append-only, as in a real app); the
+        # assistant replies are re-sent as fixed text, so each switch also rolls back the reply
+        for a in agents:
+            convo[a] = convo[a] + [{"role": "user", "content": "Ready?"}, {"role": "assistant", "content": "Ready."}]
         for r in range(rounds):
             for a in agents:
                 convo[a] = convo[a] + [{"role": "user", "content": f"New item {r}: anything to add?"}]
