@@ -161,7 +161,10 @@ def test_sigkill_during_writes_loses_no_committed_transaction(tmp_path: Path) ->
         verified += v
         corrupt += c
     writes = sum(_journal(journal).values())
-    assert kills_mid_write >= 40 and writes >= KILLS, f"{kills_mid_write=}, {writes=}"
+    # Every round kills the child; 45 of the 50 kills land inside its write loop. How many
+    # transactions commit before a kill depends on machine load (a busy CI box may commit
+    # none in a round), so only require that writes happened at all, on average every other round.
+    assert kills_mid_write >= 40 and writes >= KILLS // 2, f"{kills_mid_write=}, {writes=}"
     assert verified > 0
     # SQLite's WAL commits are atomic: no state should even need its checksum.
     assert corrupt == 0, f"{corrupt} states failed their checksum after SIGKILL"
