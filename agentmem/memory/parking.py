@@ -24,10 +24,12 @@ class ParkedState:
     data: np.ndarray
     codec: str
     n_tokens: int
+    #: sliding-window layers as of the last prompt's end (see MemoryPool), kept in RAM only
+    swa_ckpt: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        return int(self.data.nbytes) + (int(self.swa_ckpt.nbytes) if self.swa_ckpt is not None else 0)
 
 
 class ParkCodec:

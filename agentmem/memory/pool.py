@@ -21,6 +21,7 @@ run the blocking work in worker threads so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 import math
@@ -793,6 +794,7 @@ class MemoryPool:
             pos_max = self.ctx.seq_pos_max(a.seq)
             if pos_max != a.ledger.n_live - 1:
                 raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
+            a.swa_ckpt = stored.swa_ckpt
             if src == "warm":
                 self._tiers["warm"].delete(a.id)
             a.tier = "empty"
@@ -804,13 +806,14 @@ class MemoryPool:
                 state = self._codec(codec).encode(self.ctx.state_get(a.seq), n_tokens=a.ledger.n_live)
                 a.swa_ckpt = None
                 pe_hist, pe_live = a.prompt_end
-                if dst == "warm" and self.model.n_swa > 0 and 0 < pe_live < a.ledger.n_live:
+                if dst == "warm" and 0 < self.model.n_swa < a.ledger.n_live and 0 < pe_live < a.ledger.n_live - 1:
                     # The blob keeps the sliding-window layers only for the window before
                     # its end. The app usually re-sends the reply slightly differently
                     # (trimmed, edited), so keep those layers as of the prompt's end too:
-                    # a restore can then roll back to it instead of re-prefilling.
+                    # a restore can then roll back to it instead of re-prefilling. (Not
+                    # needed when the whole history fits the window.) Counted in the state's bytes.
                     self.ctx.seq_rm(a.seq, pe_live, -1)
-                    a.swa_ckpt = self.ctx.swa_state_get(a.seq)
+                    state = dataclasses.replace(state, swa_ckpt=self.ctx.swa_state_get(a.seq))
                 self._store(a, dst, state)
             self.ctx.seq_rm(a.seq)
             self._release_seq(a)

@@ -13,8 +13,11 @@ for all of them:
 
 1. cut the live positions into blocks of ``block`` tokens aligned to position
    0 (``[0, 32)``, ``[32, 64)``, …) and split a block wherever it changes
-   between *pinned*, *protected* and *ordinary* tokens, so a pinned token never
-   shares a block with an evictable one;
+   between *pinned*, *protected* and *ordinary* tokens (a pinned token never
+   shares a piece with an evictable one) or from one message to the next (a
+   piece is judged by one message's score, not by the mean of the end of one
+   and the start of another — which evicted fact lines at the head of tool
+   results together with the prose before them);
 2. drop the pinned pieces; rank the rest by class (ordinary before protected),
    then by mean priority, then by position (older first) — a total order, so
    the result is deterministic;
@@ -122,7 +125,8 @@ class EvictionPolicy(ABC):
             view: the agent's live tokens.
             target: tokens that may remain (the low watermark of the budget).
             block: eviction granularity in tokens; blocks are aligned to live
-                position 0 and split around pinned/protected tokens.
+                position 0 and split around pinned/protected tokens and at
+                message boundaries.
 
         Returns:
             Sorted, non-overlapping half-open ``(start, end)`` ranges of live
@@ -150,11 +154,12 @@ class EvictionPolicy(ABC):
         assert prio.shape == (n,), f"{self.name}: priority shape {prio.shape}, expected ({n},)"
         key = np.where(prot, prio + _PROTECT, prio)
 
-        # Pieces: aligned blocks, split where the class (0 ordinary, 1 protected, 2 pinned) changes.
+        # Pieces: aligned blocks, split where the class (0 ordinary, 1 protected, 2 pinned)
+        # or the message changes.
         cls = prot.astype(np.int8) + 2 * pinned.astype(np.int8)
         cut = np.zeros(n, dtype=bool)
         cut[::block] = True
-        cut[1:] |= cls[1:] != cls[:-1]
+        cut[1:] |= (cls[1:] != cls[:-1]) | (view.turn[1:] != view.turn[:-1])
         starts = np.flatnonzero(cut)
         ends = np.append(starts[1:], n)
         lengths = ends - starts
