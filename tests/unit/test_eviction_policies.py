@@ -202,15 +202,26 @@ def test_deterministic(policy: EvictionPolicy) -> None:
 
 
 def test_blocks_are_aligned_and_split_around_pinned(policy: EvictionPolicy) -> None:
-    """Every evicted range starts and ends on a block boundary or next to a kept-class change."""
+    """Every evicted range starts and ends on a block boundary, a kept-class change or a message boundary."""
     view = make_view([("user", 100), ("assistant", 5), ("user", 200), ("assistant", 10)], pin={1})
     ranges = check_contract(policy, view, target=120, block=32)
     keep_class = view.pinned | policy.protected(view)
     for s, e in ranges:
         for edge in (s, e):
             on_grid = edge % 32 == 0 or edge == view.n
-            at_class_change = 0 < edge < view.n and keep_class[edge - 1] != keep_class[edge]
-            assert on_grid or at_class_change, f"{policy.name}: edge {edge} of {(s, e)} is mid-block"
+            inside = 0 < edge < view.n
+            at_class_change = inside and keep_class[edge - 1] != keep_class[edge]
+            at_message = inside and view.turn[edge - 1] != view.turn[edge]
+            assert on_grid or at_class_change or at_message, f"{policy.name}: edge {edge} of {(s, e)} is mid-block"
+
+
+def test_pieces_do_not_straddle_messages() -> None:
+    """Regression: a block holding the end of assistant prose and the head of a tool result
+    was judged by their mean, so the tool result's first line (often the fact) went with the prose."""
+    view = make_view([("system", 32), ("assistant", 40), ("tool_result", 56), ("assistant", 64), ("user", 8)])
+    kept = ~evicted_mask(view.n, RegionDecay().select(view, target=view.n - 100, block=32))
+    assert kept[72:128].all(), "the whole tool result survives"
+    assert not kept[32:72].any()
 
 
 def test_eviction_pass_is_fast(policy: EvictionPolicy) -> None:
