@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -402,18 +403,21 @@ class ChatRenderer:
             chat_format, model.chat_template(), has_gemma_turns=model.has_special("<start_of_turn>")
         )
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self._cache_size = cache_size
         logger.debug("chat format: %s", self.format.name)
 
     def _tok(self, text: str) -> tuple[int, ...]:
-        hit = self._cache.get(text)
-        if hit is not None:
-            self._cache.move_to_end(text)
-            return hit
+        with self._cache_lock:  # renders run concurrently in callers' threads
+            hit = self._cache.get(text)
+            if hit is not None:
+                self._cache.move_to_end(text)
+                return hit
         toks = tuple(self.model.tokenize(text, add_special=False, parse_special=True))
-        self._cache[text] = toks
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self._cache[text] = toks
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return toks
 
     def render(self, messages: Iterable[Mapping[str, Any] | Message]) -> RenderedPrompt:

@@ -121,8 +121,6 @@ class LlamaModel:
         self.bos: int = _ll.llama_vocab_bos(self._vocab)
         self.eos: int = _ll.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(_ll.llama_vocab_get_add_bos(self._vocab))
-        self._tok_buf = (_ll.llama_token * 4096)()
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
 
@@ -210,7 +208,8 @@ class LlamaModel:
         """Tokenize ``text``. ``add_special`` adds BOS when the model wants one;
         ``parse_special`` turns ``<start_of_turn>``-style markers into their tokens."""
         data = text.encode("utf-8")
-        buf = self._tok_buf
+        # a buffer per call: prompts are rendered outside the pool lock, from many threads
+        buf = (_ll.llama_token * (len(data) + 8))()
         n = _ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, parse_special)
         if n < 0:
             buf = (_ll.llama_token * (-n))()
@@ -223,14 +222,13 @@ class LlamaModel:
         """The bytes a token renders to (special tokens render as nothing)."""
         piece = self._piece_cache.get(token)
         if piece is None:
-            n = _ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            buf = ctypes.create_string_buffer(64)  # per call: called from many threads
+            n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
             if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = _ll.llama_token_to_piece(self.vocab, token, big, len(big), 0, False)
-                piece = big.raw[:n]
-            else:
-                piece = self._piece_buf.raw[:n]
-            self._piece_cache[token] = piece
+                buf = ctypes.create_string_buffer(-n)
+                n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token] = piece  # a dict store is atomic; a race only repeats work
         return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:

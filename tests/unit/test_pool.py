@@ -257,3 +257,20 @@ def test_ledger_regions_follow_roles(pool):
         assert regions.get(r, 0) > 0, (r, regions)
     toks = np.asarray(pool.tokens("a"))
     assert toks.dtype.kind == "i"
+
+
+def test_concurrent_tokenization_is_thread_safe(tiny_model_path):
+    """Regression: tokenize/token_bytes shared one ctypes buffer across threads, so prompts
+    rendered concurrently (outside the pool lock) could swap tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=1, n_batch=64, prefetch=False) as p:
+        texts = [f"agent {i} says " + "word " * (i % 7 + 1) + str(i) * (i % 5 + 1) for i in range(64)]
+        expected = [p.model.tokenize(t) for t in texts]
+        with ThreadPoolExecutor(8) as ex:
+            for _ in range(20):
+                assert list(ex.map(p.model.tokenize, texts)) == expected
+        pieces = {t: p.model.token_bytes(t) for t in range(50)}
+        p.model._piece_cache.clear()
+        with ThreadPoolExecutor(8) as ex:
+            assert dict(zip(range(50), ex.map(p.model.token_bytes, range(50)))) == pieces
