@@ -23,6 +23,7 @@ Regions: ``system``, ``user``, ``assistant``, ``tool_call``, ``tool_result``
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import threading
@@ -209,13 +210,14 @@ def tool_calls_text(calls: Sequence[ToolCall]) -> str:
 
 
 # --------------------------------------------------------------------------- formats
-class ChatFormat:
+class ChatFormat(abc.ABC):
     """Strategy: render validated messages to segments."""
 
     name = "base"
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
+        """Messages → segments (text, region, source message) in prompt order."""
 
 
 def _continue_last(messages: Sequence[Message]) -> bool:
