@@ -187,9 +187,16 @@ class StateInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StoredState(StateInfo):
-    """A verified KV state: :class:`StateInfo` plus the blob itself."""
+    """A verified KV state: :class:`StateInfo` plus the blob itself.
+
+    When ``block_id`` is set the blob holds only the agent's private cells; the
+    rest are in that shared block and ``layout`` (int32 little-endian) says how
+    the two join (:func:`agentmem.memory.shared.join_state`).
+    """
 
     blob: bytes = b""
+    block_id: str | None = None
+    layout: bytes | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -369,13 +376,38 @@ def _v2_event_indexes(db: Database) -> None:
     db.table("events").create_index(["ts"], index_name="events_ts")
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes]
+def _v3_state_blocks(db: Database) -> None:
+    """Version 3: a state may reference a shared block (it then holds only its private cells).
+
+    ``shared_blocks.refcount`` counts the states that reference a block; triggers
+    keep it exact (cascading deletes included) and drop a block when it reaches 0.
+    """
+    db.executescript(
+        """
+        CREATE TABLE state_blocks (
+            agent_id TEXT PRIMARY KEY REFERENCES states(agent_id) ON DELETE CASCADE,
+            block_id TEXT NOT NULL REFERENCES shared_blocks(id),
+            layout   BLOB NOT NULL          -- int32 order array (agentmem.memory.shared.split_state)
+        );
+        CREATE INDEX state_blocks_block ON state_blocks(block_id);
+        CREATE TRIGGER state_blocks_ref AFTER INSERT ON state_blocks BEGIN
+            UPDATE shared_blocks SET refcount = refcount + 1 WHERE id = NEW.block_id;
+        END;
+        CREATE TRIGGER state_blocks_unref AFTER DELETE ON state_blocks BEGIN
+            UPDATE shared_blocks SET refcount = refcount - 1 WHERE id = OLD.block_id;
+            DELETE FROM shared_blocks WHERE id = OLD.block_id AND refcount = 0;
+        END;
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes, _v3_state_blocks]
 """Schema steps in order; step ``i`` takes a file from version ``i`` to ``i + 1``."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes."""
 
-_TABLES = ("agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks")
+_TABLES = ("agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks")
 _PAYLOAD_SQL = {
     "agents": "length(id) + length(labels)",
     "ledgers": "n_bytes",
@@ -383,6 +415,7 @@ _PAYLOAD_SQL = {
     "events": "length(kind) + length(data)",
     "evicted_spans": "length(text)",
     "shared_blocks": "length(blob) + length(fingerprint)",
+    "state_blocks": "length(layout)",
 }
 
 
@@ -1041,6 +1074,8 @@ class Archive:
         n_tokens: int,
         fingerprint: Mapping[str, Any],
         tier: str = "cold",
+        block_id: str | None = None,
+        layout: BlobLike | None = None,
     ) -> StateInfo:
         """Store (replace) the agent's KV state with its checksum, in one transaction.
 
@@ -1055,10 +1090,15 @@ class Archive:
             n_tokens: tokens the state covers.
             fingerprint: model and cache configuration (JSON-serialisable).
             tier: tier label to record.
+            block_id: the shared block (see :meth:`put_shared_block`) the blob's
+                missing cells are in; the block's refcount counts this state.
+            layout: with ``block_id``, the order array that joins the two.
 
         Returns:
             The stored metadata.
         """
+        if (block_id is None) != (layout is None):
+            raise TypeError("block_id and layout go together")
         _check_agent_id(agent_id)
         if not isinstance(codec, str) or not codec:
             raise TypeError(f"codec must be a non-empty str, not {codec!r}")
@@ -1086,6 +1126,14 @@ class Archive:
                 "blob = excluded.blob, created = excluded.created",
                 [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, _json_dumps(fp), buf, info.created],
             )
+            db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
+            if block_id is not None:
+                if db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is None:
+                    raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
+                db.execute(
+                    "INSERT INTO state_blocks(agent_id, block_id, layout) VALUES (?, ?, ?)",
+                    [agent_id, block_id, _as_buffer(layout)],
+                )
         return info
 
     _STATE_COLUMNS = "agent_id, tier, codec, n_tokens, n_bytes, checksum, fingerprint, created"
@@ -1159,7 +1207,14 @@ class Archive:
             )
         if fingerprint is not None:
             self._check_fingerprint(agent_id, info.fingerprint, fingerprint)
-        return StoredState(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)}, blob=blob)
+        with self._reading("get_state") as db:
+            ref = db.execute("SELECT block_id, layout FROM state_blocks WHERE agent_id = ?", [agent_id]).fetchone()
+        return StoredState(
+            **{f.name: getattr(info, f.name) for f in dataclasses.fields(info)},
+            blob=blob,
+            block_id=ref[0] if ref else None,
+            layout=ref[1] if ref else None,
+        )
 
     def _check_fingerprint(self, agent_id: str, stored: dict[str, Any], expected: Mapping[str, Any]) -> None:
         want = _normalise_fingerprint(expected)
@@ -1420,6 +1475,16 @@ class Archive:
         with self._reading("list_shared_blocks") as db:
             rows = db.execute(f"SELECT {self._BLOCK_COLUMNS} FROM shared_blocks ORDER BY id").fetchall()
         return [self._block_info(r) for r in rows]
+
+    def has_shared_block(self, block_id: str) -> bool:
+        """Whether the block is stored (without reading its blob)."""
+        with self._reading("has_shared_block") as db:
+            return db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is not None
+
+    def state_blocks(self) -> dict[str, str]:
+        """``{agent_id: block_id}`` of every stored state that references a shared block."""
+        with self._reading("state_blocks") as db:
+            return dict(db.execute("SELECT agent_id, block_id FROM state_blocks").fetchall())
 
     def gc_shared_blocks(self) -> int:
         """Delete blocks with no references; returns how many were deleted."""

@@ -19,17 +19,30 @@ __all__ = ["ParkCodec", "ParkedState", "make_park_codec"]
 
 @dataclass(frozen=True, slots=True)
 class ParkedState:
-    """A parked KV state: ``data`` in ``codec`` format, ``n_tokens`` cells."""
+    """A parked KV state: ``data`` in ``codec`` format, ``n_tokens`` cells.
+
+    With ``block`` set, ``data`` holds only the agent's private cells: the
+    shared prefix's cells are in that :class:`~agentmem.memory.shared.KVBlock`
+    and ``order`` joins the two (:func:`~agentmem.memory.shared.join_state`);
+    ``swa_ckpt``/``swa_order`` likewise for the sliding-window checkpoint.
+    """
 
     data: np.ndarray
     codec: str
     n_tokens: int
     #: sliding-window layers as of the last prompt's end (see MemoryPool), kept in RAM only
     swa_ckpt: np.ndarray | None = None
+    block: str | None = None
+    order: np.ndarray | None = None
+    swa_order: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes) + (int(self.swa_ckpt.nbytes) if self.swa_ckpt is not None else 0)
+        n = int(self.data.nbytes)
+        for extra in (self.swa_ckpt, self.order, self.swa_order):
+            if extra is not None:
+                n += int(extra.nbytes)
+        return n
 
 
 class ParkCodec:

@@ -50,7 +50,16 @@ from agentmem.memory.archive import Archive, EvictedSpan
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.parking import ParkCodec, ParkedState, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
-from agentmem.memory.shared import SHARE_PREFIX, HandoffCard, longest_shared_prefix, token_checksum
+from agentmem.memory.shared import (
+    SHARE_PREFIX,
+    BlockStore,
+    HandoffCard,
+    KVBlock,
+    join_state,
+    longest_shared_prefix,
+    split_state,
+    token_checksum,
+)
 from agentmem.memory.tiers import Tier, build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
 from agentmem.policy.placement import AgentInfo, get_policy, priority_weight
@@ -133,7 +142,13 @@ class _Agent:
     # end of the last prompt (history index, live position), before its reply was generated
     prompt_end: tuple[int, int] = (0, 0)
     # sliding-window layers as of prompt_end, captured when parked (see _move)
-    swa_ckpt: np.ndarray | None = None
+    # (a tuple ``(block id, private blob, order)`` when cut at its shared block)
+    swa_ckpt: np.ndarray | tuple[str, np.ndarray, np.ndarray] | None = None
+    # shared KV block its first cells belong to (parked states then keep only the rest)
+    block: str | None = None
+    # cells at positions below this may be tagged for other sequences too (seq_cp):
+    # shifting them (eviction) would move them for everyone, so they are made private first
+    shared_upto: int = 0
     counters: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             ("calls", "restores", "restore_failures", "parks", "demotions", "prefill_tokens", "cached_tokens",
@@ -269,13 +284,15 @@ class MemoryPool:
         self._lock = self.ctx.lock
         self._cond = threading.Condition(self._lock)
         self._agents: dict[str, _Agent] = {}
+        self._blocks = BlockStore()
         self._free_seqs: list[int] = list(range(cfg.resident_agents - 1, -1, -1))
         self._predictor = TransitionPredictor()
         self._totals: dict[str, int] = dict.fromkeys(
             ("calls", "restores", "restore_failures", "parks", "demotions", "drops", "prefill_tokens", "cached_tokens",
              "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
              "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
-             "shared_prefix_tokens", "shared_prefix_hits", "handoffs"), 0
+             "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
+             "block_splits", "block_split_misses", "privatized"), 0
         )
         self._tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
         # continuous batching of decode steps across generating agents
@@ -471,6 +488,7 @@ class MemoryPool:
                     "priority": a.priority,
                     "budget": a.budget or self.config.agent_budget_tokens,
                     "share": a.id.startswith(SHARE_PREFIX),
+                    "block": a.block,
                     "regions": a.ledger.region_counts(),
                     "evicted_regions": dict(a.evicted_regions),
                     **a.counters,
@@ -493,7 +511,38 @@ class MemoryPool:
             )
             p = totals["prefetch_hits"] + totals["prefetch_misses"]
             totals["prefetch_hit_rate"] = totals["prefetch_hits"] / p if p else 0.0
-            return {"agents": agents, "tiers": tiers, "totals": totals}
+            return {"agents": agents, "tiers": tiers, "totals": totals, "shared": self._shared_stats()}
+
+    def _shared_stats(self) -> dict[str, Any]:
+        """Shared blocks, their references and what they save in the parked tiers (lock held)."""
+        archived = {i.block_id: i.refcount for i in self._archive.list_shared_blocks()} if self._archive else {}
+        blocks: dict[str, Any] = {}
+        saved = 0
+        for b in self._blocks:
+            parked = 0
+            for x in b.refs:
+                m = self._agents.get(x)
+                if m is None or m.seq is not None or m.tier not in self._tiers:
+                    continue
+                if m.tier == "warm":
+                    st = self._tiers["warm"].get(x)
+                    parked += bool(st is not None and st.block == b.id)
+                else:
+                    parked += 1
+            copies = (b.data is not None) + (b.id in archived)
+            saved += max(0, parked - copies) * b.nbytes
+            blocks[b.id] = {
+                "tokens": b.n_tokens, "refs": len(b.refs), "members": sorted(b.refs), "parked_refs": parked,
+                "bytes": b.nbytes, "in_ram": b.data is not None, "in_archive": b.id in archived,
+                "archive_refs": archived.get(b.id, 0),
+            }
+        return {
+            "blocks": blocks,
+            "ram_bytes": self._blocks.ram_bytes(),
+            "archive_bytes": sum(b["bytes"] for b in blocks.values() if b["in_archive"]),
+            # parked members' shared cells are stored once per tier instead of once per member (f16 basis)
+            "parked_bytes_saved": saved,
+        }
 
     def agents(self) -> list[str]:
         """Ids of the agents the pool knows."""
@@ -513,6 +562,7 @@ class MemoryPool:
                 t.delete(agent_id)
             if self._archive is not None:
                 self._archive.delete_agent(agent_id)
+            self._block_leave(a)
             self._predictor.forget(agent_id)
             del self._agents[agent_id]
 
@@ -573,6 +623,12 @@ class MemoryPool:
             raise ConfigError(f"share {name!r} renders to no tokens")
         prefix = RenderedPrompt(rendered.tokens[:end], spans)
         ChatStream(self._run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs))).drain()
+        with self._lock:
+            sh = self._agents.get(SHARE_PREFIX + name)
+            if sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end:
+                b = self._blocks.get(sh.block) if sh.block else None
+                if b is None or b.n_tokens != end:
+                    self._block_join(sh, self._block_new(sh))
         return end
 
     def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
@@ -607,9 +663,11 @@ class MemoryPool:
                 s.last_used = d.last_used = time.monotonic()
                 self._cond.notify_all()
             self._totals["handoffs"] += 1
+            blk = self._blocks.get(d.block) if d.block else None
             return HandoffCard(
                 src=src, dst=dst, seq_no=self._totals["handoffs"], n_tokens=n, n_live=d.ledger.n_live, mode=mode,
                 fingerprint=self.fingerprint["model"], checksum=token_checksum(d.ledger.tokens[:n]),
+                block=blk.id if blk else None, block_tokens=blk.n_tokens if blk else 0,
             )
 
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
@@ -646,8 +704,7 @@ class MemoryPool:
                     continue
                 state = None
                 if a.seq is not None and a.ledger.n_live:
-                    blob = self.ctx.state_get(a.seq)
-                    state = self._codec(self._placement.codec_for(self._info(a), "cold")).encode(blob, n_tokens=a.ledger.n_live)
+                    state = self._capture(a, self._placement.codec_for(self._info(a), "cold"))
                 elif a.tier == "warm":
                     state = self._tiers["warm"].get(a.id)
                 self._persist(a, state)
@@ -732,6 +789,11 @@ class MemoryPool:
             self._archive.put_agent(a.id, priority=a.priority, labels={"budget": a.budget, "eviction": a.eviction, **a.labels})
             self._archive.put_ledger(a.id, arr["tok"], regions)
             if state is not None:
+                if state.block is not None:
+                    b = self._blocks.get(state.block)
+                    if b is None:
+                        raise StateError(f"shared block {state.block!r} of agent {a.id!r} is gone")
+                    self._block_archive(b)
                 self._tiers["cold"].put(a.id, state)
 
     def _resume_from_archive(self) -> None:
@@ -768,6 +830,15 @@ class MemoryPool:
                 a.ledger.clear()  # nothing decoded is kept: the next call prefills
             self._agents[a.id] = a
             self._totals["resumed_agents"] += 1
+        for info in self._archive.list_shared_blocks():
+            self._blocks.register(KVBlock(info.block_id, info.n_tokens, "", None, info.n_bytes))
+        for aid, bid in self._archive.state_blocks().items():
+            a = self._agents.get(aid)
+            if a is not None and a.tier == "cold" and bid in self._blocks:
+                self._block_join(a, self._blocks.get(bid))  # type: ignore[arg-type]
+        for b in self._blocks:
+            if not b.refs:
+                self._blocks.release(b.id, "")
         if self._agents:
             logger.info("resumed %d agent(s) from %s", len(self._agents), self.config.archive_path)
 
@@ -785,7 +856,7 @@ class MemoryPool:
             stored = self._tiers[src].get(a.id) if src in self._tiers else None
             if stored is None:
                 raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
-            blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            blob = self._unpark_blob(stored)
             # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
             # for the latter, park idle agents and try again before giving up
             while self.ctx.state_set(a.seq, blob) == 0:
@@ -795,6 +866,9 @@ class MemoryPool:
             if pos_max != a.ledger.n_live - 1:
                 raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
             a.swa_ckpt = stored.swa_ckpt
+            if stored.swa_ckpt is not None and stored.swa_order is not None and stored.block is not None:
+                a.swa_ckpt = (stored.block, stored.swa_ckpt, stored.swa_order)  # joined only if used
+            a.shared_upto = 0
             if src == "warm":
                 self._tiers["warm"].delete(a.id)
             a.tier = "empty"
@@ -803,7 +877,7 @@ class MemoryPool:
         if src == "hot":
             assert a.seq is not None
             if a.ledger.n_live:
-                state = self._codec(codec).encode(self.ctx.state_get(a.seq), n_tokens=a.ledger.n_live)
+                state = self._capture(a, codec)
                 a.swa_ckpt = None
                 pe_hist, pe_live = a.prompt_end
                 if dst == "warm" and 0 < self.model.n_swa < a.ledger.n_live and 0 < pe_live < a.ledger.n_live - 1:
@@ -813,9 +887,13 @@ class MemoryPool:
                     # a restore can then roll back to it instead of re-prefilling. (Not
                     # needed when the whole history fits the window.) Counted in the state's bytes.
                     self.ctx.seq_rm(a.seq, pe_live, -1)
-                    state = dataclasses.replace(state, swa_ckpt=self.ctx.swa_state_get(a.seq))
+                    ck, ck_order = self._split(a, self.ctx.swa_state_get(a.seq))
+                    state = dataclasses.replace(state, swa_ckpt=ck, swa_order=ck_order)
                 self._store(a, dst, state)
+            else:
+                self._block_leave(a)
             self.ctx.seq_rm(a.seq)
+            a.shared_upto = 0
             self._release_seq(a)
             a.counters["parks"] += 1
             self._totals["parks"] += 1
@@ -823,9 +901,14 @@ class MemoryPool:
         stored = self._tiers[src].get(a.id)
         if stored is None:
             raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
-        if stored.codec != codec:  # transcode through f16
+        if stored.codec != codec:  # transcode through f16 (a cut state stays cut)
             blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-            stored = self._codec(codec).encode(blob, n_tokens=stored.n_tokens)
+            stored = dataclasses.replace(
+                self._codec(codec).encode(blob, n_tokens=stored.n_tokens),
+                block=stored.block, order=stored.order,
+            )
+        elif dst == "cold" and stored.swa_ckpt is not None:
+            stored = dataclasses.replace(stored, swa_ckpt=None, swa_order=None)  # the archive keeps no checkpoint
         self._store(a, dst, stored)
         if src == "warm":
             self._tiers["warm"].delete(a.id)
@@ -838,6 +921,14 @@ class MemoryPool:
         else:
             self._tiers[tier].put(a.id, state)
         a.tier = tier
+        if tier == "cold" and a.block is not None:
+            b = self._blocks.get(a.block)
+            if b is not None:
+                a.seq, seq = None, a.seq  # trim sees a as archived (its sequence is released next)
+                try:
+                    self._block_trim(b)
+                finally:
+                    a.seq = seq
 
     def _drop_state(self, a: _Agent) -> None:
         """Forget ``a``'s stored state (its ledger is cleared: the next call prefills)."""
@@ -845,6 +936,7 @@ class MemoryPool:
             t.delete(a.id)
         a.tier = "empty"
         a.ledger.clear()
+        self._block_leave(a)
         self._totals["drops"] += 1
 
     def _rebalance(self, *, urgent_only: bool = False) -> None:
@@ -925,6 +1017,115 @@ class MemoryPool:
         self._rebalance(urgent_only=True)
         return True
 
+    # ------------------------------------------------------------------ internals: shared blocks
+    def _block_join(self, a: _Agent, b: KVBlock) -> None:
+        if a.block == b.id:
+            return
+        self._block_leave(a)
+        self._blocks.acquire(b.id, a.id)
+        a.block = b.id
+
+    def _block_leave(self, a: _Agent) -> None:
+        """``a`` stops referencing its block (its stored states must no longer need it)."""
+        if a.block is None:
+            return
+        bid, a.block = a.block, None
+        if self._blocks.release(bid, a.id):
+            self._totals["blocks_freed"] += 1
+            logger.debug("shared block %s freed (no agent references it)", bid)
+        else:
+            b = self._blocks.get(bid)
+            if b is not None:
+                self._block_trim(b)
+
+    def _block_trim(self, b: KVBlock) -> None:
+        """Drop the RAM copy of a block when only archived agents need it."""
+        if b.data is None or self._archive is None:
+            return
+        for x in b.refs:
+            m = self._agents.get(x)
+            if m is not None and (m.seq is not None or m.tier != "cold"):
+                return
+        if self._archive.has_shared_block(b.id):
+            b.data = None
+
+    def _block_data(self, b: KVBlock) -> np.ndarray:
+        if b.data is None:
+            got = self._archive.get_shared_block(b.id) if self._archive is not None else None  # CodecError if corrupt
+            if got is None:
+                raise StateError(f"shared block {b.id!r} is neither in RAM nor in the archive")
+            b.data = np.frombuffer(got.blob, dtype=np.uint8)
+        return b.data
+
+    def _block_archive(self, b: KVBlock) -> None:
+        assert self._archive is not None
+        if not self._archive.has_shared_block(b.id):
+            self._archive.put_shared_block(b.id, self._block_data(b), n_tokens=b.n_tokens, fingerprint=self.fingerprint)
+
+    def _block_new(self, a: _Agent) -> KVBlock:
+        """A block of all of ``a``'s cells (``a`` resident, its ledger all live)."""
+        assert a.seq is not None
+        b = self._blocks.create(a.ledger.tokens[: a.ledger.n_live], self.ctx.state_get(a.seq))
+        self._totals["blocks_created"] += 1
+        logger.debug("shared block %s: %d tokens, %.1f MiB", b.id, b.n_tokens, b.nbytes / 2**20)
+        return b
+
+    def _split(self, a: _Agent, blob: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``a``'s blob without its block's cells (+ order), or the blob whole when it cannot be cut."""
+        b = self._blocks.get(a.block) if a.block else None
+        if b is None:
+            return blob, None
+        try:
+            cut = split_state(blob, self._block_data(b), b.n_tokens)
+        except AgentMemError as exc:
+            logger.debug("agent %r: cannot cut its state at block %s (%s)", a.id, b.id, exc)
+            cut = None
+        if cut is None:
+            self._totals["block_split_misses"] += 1
+            return blob, None
+        self._totals["block_splits"] += 1
+        return cut
+
+    def _capture(self, a: _Agent, codec: str) -> ParkedState:
+        """``a``'s live state, encoded with ``codec``; only its private cells when it has a block."""
+        assert a.seq is not None
+        blob, order = self._split(a, self.ctx.state_get(a.seq))
+        state = self._codec(codec).encode(blob, n_tokens=a.ledger.n_live)
+        if order is None:
+            self._block_leave(a)
+            return state
+        return dataclasses.replace(state, block=a.block, order=order)
+
+    def _unpark_blob(self, stored: ParkedState) -> np.ndarray:
+        """The f16 blob of a stored state, joined with its shared block."""
+        blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+        if stored.block is None:
+            return blob
+        b = self._blocks.get(stored.block)
+        if b is None or stored.order is None:
+            raise StateError(f"shared block {stored.block!r} of a parked state is gone")
+        return join_state(self._block_data(b), blob, stored.order)
+
+    def _ckpt_blob(self, a: _Agent, ckpt: Any) -> np.ndarray:
+        """The sliding-window checkpoint as a blob (joined with the block when it was cut)."""
+        if isinstance(ckpt, tuple):
+            bid, private, order = ckpt
+            b = self._blocks.get(bid)
+            if b is None:
+                raise StateError(f"shared block {bid!r} of agent {a.id!r}'s checkpoint is gone")
+            return join_state(self._block_data(b), private, order)
+        return ckpt
+
+    def _privatize(self, a: _Agent) -> None:
+        """Give ``a`` its own copies of cells it may share with other sequences (before shifting them)."""
+        assert a.seq is not None
+        blob = self.ctx.state_get(a.seq)
+        while self.ctx.state_set(a.seq, blob) == 0:
+            if not self._make_room(a):
+                raise StateError(f"no room to make agent {a.id!r}'s shared cells private")
+        a.shared_upto = 0
+        self._totals["privatized"] += 1
+
     # ------------------------------------------------------------------ internals: eviction
     def _budget(self, a: _Agent) -> int:
         return a.budget or self.config.agent_budget_tokens
@@ -947,6 +1148,14 @@ class MemoryPool:
         if not ranges:
             return time.perf_counter() - t0
         assert a.seq is not None
+        first = ranges[0][0]
+        if a.block is not None:
+            b = self._blocks.get(a.block)
+            if b is None or first < b.n_tokens:
+                self._block_leave(a)
+        if first < a.shared_upto:
+            # shifting cells other sequences share would move them for those too
+            self._privatize(a)
         for s, e in reversed(ranges):
             self.ctx.seq_rm(a.seq, s, e)
             self.ctx.seq_add(a.seq, e, -1, -(e - s))
@@ -1033,6 +1242,8 @@ class MemoryPool:
             t.delete(d.id)
         d.tier = "empty"
         d.ledger = Ledger()
+        d.shared_upto = 0
+        self._block_leave(d)
 
     def _copy_prefix(self, s: _Agent, d: _Agent, n: int) -> str:
         """Give ``d`` (resident) the first ``n`` history tokens of ``s`` and their KV (lock held, both busy)."""
@@ -1041,13 +1252,20 @@ class MemoryPool:
         n_live = s.ledger.live_before(n)
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
         if s.seq is not None:
+            if self.model.n_swa > 0 and n_live > 0:
+                # the donor's sliding-window cells below its own window may have been reused
+                pmin = self.ctx.seq_pos_min(s.seq)
+                if pmin > max(0, n_live - self.model.n_swa + 1):
+                    raise StateError(f"agent {s.id!r} no longer holds the sliding-window cells before position {n_live}")
             self.ctx.seq_cp(s.seq, d.seq, 0, n_live)
+            d.shared_upto = n_live
+            s.shared_upto = max(s.shared_upto, n_live)
             mode = "shared"
         else:
             stored = self._tiers[s.tier].get(s.id) if s.tier in self._tiers else None
             if stored is None:
                 raise StateError(f"agent {s.id!r} has no KV state to hand off")
-            blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            blob = self._unpark_blob(stored)
             if self.ctx.state_set(d.seq, blob) == 0:
                 raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
             if n_live < s.ledger.n_live:
@@ -1060,6 +1278,15 @@ class MemoryPool:
                 self.ctx.seq_rm(d.seq, n_live, -1)
             mode = "restored"
         d.ledger = Ledger.from_arrays(arrays)
+        if n_live == n and n >= max(1, self.config.min_share_tokens):
+            # one shared block for the prefix: parked copies of both then keep it once. A
+            # donor's block that covers part of the prefix is reused (the rest is private).
+            b = self._blocks.get(s.block) if s.block else None
+            if b is None or b.n_tokens > n_live:
+                b = self._block_new(d)
+                if s.block is None and mode == "shared":
+                    self._block_join(s, b)
+            self._block_join(d, b)
         return mode
 
     def _share_prefix(self, a: _Agent, prompt: RenderedPrompt) -> int:
@@ -1238,14 +1465,24 @@ class MemoryPool:
                                 n_keep = 0
                     keep_live = a.ledger.truncate(n_keep)
                     self.ctx.seq_rm(a.seq, keep_live, -1)
+                    if a.block is not None:
+                        b = self._blocks.get(a.block)
+                        if b is None or keep_live < b.n_tokens:
+                            self._block_leave(a)
                     if use_ckpt:
                         assert ckpt is not None
-                        if self.ctx.swa_state_set(a.seq, ckpt) == 0 or self.ctx.seq_pos_min(a.seq) > max(
+                        try:
+                            ck_blob = self._ckpt_blob(a, ckpt)
+                        except AgentMemError as exc:
+                            logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
+                            ck_blob = np.zeros(0, np.uint8)
+                        if not ck_blob.size or self.ctx.swa_state_set(a.seq, ck_blob) == 0 or self.ctx.seq_pos_min(a.seq) > max(
                             0, keep_live - self.model.n_swa + 1
                         ):
                             logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)
                             self.ctx.seq_rm(a.seq)
                             a.ledger.truncate(0)
+                            self._block_leave(a)
                             n_keep = 0
                 shared = 0
                 if n_keep == 0 and len(a.ledger) == 0:

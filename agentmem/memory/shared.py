@@ -19,13 +19,24 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
+from agentmem.errors import CodecError
+from agentmem.memory.codec import SectionLayout, StateLayout, StreamLayout, TensorLayout, parse_state
 from agentmem.memory.ledger import Ledger
 
-__all__ = ["SHARE_PREFIX", "HandoffCard", "longest_shared_prefix", "token_checksum"]
+__all__ = [
+    "SHARE_PREFIX",
+    "BlockStore",
+    "HandoffCard",
+    "KVBlock",
+    "join_state",
+    "longest_shared_prefix",
+    "split_state",
+    "token_checksum",
+]
 
 #: agent-id prefix of declared shares (``pool.share(name, ...)`` → ``"share:" + name``)
 SHARE_PREFIX = "share:"
@@ -74,6 +85,11 @@ class HandoffCard:
             or ``"restored"`` (the source's parked state loaded into the destination).
         fingerprint: model fingerprint both agents' KV belongs to.
         checksum: checksum of the handed token ids (see :func:`token_checksum`).
+        block: the shared KV block both now reference (positions
+            ``0..block_tokens-1``), or ``None`` when the handed span is not
+            kept as one (evicted tokens inside it); parked copies of either
+            agent then store only their cells after it (the private fragment).
+        block_tokens: cells in ``block``.
         created: Unix time.
     """
 
@@ -85,8 +101,303 @@ class HandoffCard:
     mode: str
     fingerprint: str
     checksum: str
+    block: str | None = None
+    block_tokens: int = 0
     created: float = field(default_factory=time.time)
 
     def verify(self, ledger_tokens: np.ndarray) -> bool:
         """True when ``ledger_tokens[:n_tokens]`` still carries this card's checksum."""
         return len(ledger_tokens) >= self.n_tokens and token_checksum(ledger_tokens[: self.n_tokens]) == self.checksum
+
+
+# --------------------------------------------------------------------------- shared KV blocks
+#
+# A parked agent that started from a shared prefix stores only its *private*
+# cells; the prefix's cells live once, in a reference-counted block. Both halves
+# are ordinary llama.cpp sequence-state blobs (the private one simply has fewer
+# cells), so every park codec and the archive handle them unchanged. A small
+# ``order`` array says, for each cell of the original blob in its original order,
+# which block cell it was (>= 0) or that it was the next private cell (-1); the
+# join puts the cells back in that order, so a restore is bit-identical.
+
+_HDR_BYTES = 8  # magic u32 + seq_id i32
+_TENSOR_HDR = 12  # K/V: type i32 + row_size u64; transposed V: type i32 + el_size u32 + n_embd u32
+
+
+def _stream_of(section: SectionLayout) -> StreamLayout | None:
+    """The one stream of a unified-cache section (``None`` for an empty section)."""
+    if len(section.streams) != 1:
+        raise CodecError(f"shared blocks need a unified KV cache (one stream per section), got {len(section.streams)}")
+    return section.streams[0]
+
+
+def _cell_stride(stream: StreamLayout) -> int:
+    return stream.cells_size // stream.n_cells
+
+
+def _rows(blob: np.ndarray, t: TensorLayout) -> np.ndarray:
+    """Tensor data as (cells, bytes-per-cell) — or (n_embd, cells, elem) when transposed."""
+    data = blob[t.data_offset : t.data_offset + t.data_size]
+    if t.transposed:
+        return data.reshape(t.n_embd, t.n_cells, t.row_size)
+    return data.reshape(t.n_cells, t.row_size)
+
+
+def _match_sections(member: StateLayout, block: StateLayout) -> list[SectionLayout]:
+    """The block section each member section corresponds to (an SWA-only blob maps to the last ones)."""
+    nb, nm = len(block.sections), len(member.sections)
+    if nm > nb:
+        raise CodecError(f"blob has {nm} cache sections, the shared block {nb}")
+    return list(block.sections[nb - nm :])
+
+
+def split_state(blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, verify_rows: int = 3) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cut a member's state blob into its private part and an order array.
+
+    Args:
+        blob: the member's f16 sequence state (full, or sliding-window only).
+        block_blob: the shared block's state (positions ``0..n_shared-1``).
+        n_shared: cells of the shared prefix.
+        verify_rows: per tensor, compare this many of the member's shared rows
+            (first, last, middle ...) with the block's; a mismatch returns ``None``.
+
+    Returns:
+        ``(private_blob, order)`` or ``None`` when the member's cells below
+        ``n_shared`` are not all in the block (or differ from it): store it whole.
+
+    ``join_state(block_blob, private_blob, order)`` gives ``blob`` back byte for byte.
+    """
+    blob = np.asarray(blob, dtype=np.uint8).reshape(-1)
+    block_blob = np.asarray(block_blob, dtype=np.uint8).reshape(-1)
+    mem = parse_state(blob)
+    blk = parse_state(block_blob)
+    parts: list[np.ndarray] = [blob[:_HDR_BYTES]]
+    orders: list[np.ndarray] = []
+    for msec, bsec in zip(mem.sections, _match_sections(mem, blk)):
+        ms, bs = _stream_of(msec), _stream_of(bsec)
+        parts.append(blob[msec.offset : msec.offset + 4])  # n_stream
+        if ms is None or ms.n_cells == 0:
+            parts.append(np.zeros(4, np.uint8))
+            orders.append(np.zeros(0, np.int32))
+            continue
+        shared = ms.positions < n_shared
+        src = np.full(ms.n_cells, -1, dtype=np.int32)
+        if shared.any():
+            if bs is None or bs.n_cells == 0:
+                return None
+            bpos = bs.positions
+            srt = np.argsort(bpos, kind="stable")
+            want = ms.positions[shared]
+            at = np.searchsorted(bpos[srt], want)
+            at[at >= len(srt)] = 0
+            hit = bpos[srt][at] == want
+            if not hit.all():
+                return None  # the member holds a shared position the block lacks
+            src[shared] = srt[at]
+            if ms.v_trans != bs.v_trans or len(ms.k) != len(bs.k):
+                return None
+            idx = np.flatnonzero(shared)
+            probe = np.unique(idx[np.linspace(0, len(idx) - 1, num=min(verify_rows, len(idx))).astype(np.int64)])
+            for mt, bt in zip(ms.k + ms.v, bs.k + bs.v):
+                if (mt.ggml_type, mt.row_size, mt.n_embd) != (bt.ggml_type, bt.row_size, bt.n_embd):
+                    return None
+                mr, br = _rows(blob, mt), _rows(block_blob, bt)
+                if mt.transposed:
+                    if not np.array_equal(mr[:, probe, :], br[:, src[probe], :]):
+                        return None
+                elif not np.array_equal(mr[probe], br[src[probe]]):
+                    return None
+        orders.append(src)
+        keep = ~shared
+        n_priv = int(keep.sum())
+        parts.append(np.frombuffer(np.uint32(n_priv).tobytes(), np.uint8))
+        if n_priv == 0:
+            continue
+        stride = _cell_stride(ms)
+        cells = blob[ms.cells_offset : ms.cells_offset + ms.cells_size].reshape(ms.n_cells, stride)
+        parts.append(cells[keep].reshape(-1))
+        tail = ms.k[0].header_offset - 8
+        parts.append(blob[tail : tail + 8])  # v_trans, n_layer
+        for t in ms.k + ms.v:
+            parts.append(blob[t.header_offset : t.data_offset])
+            r = _rows(blob, t)
+            parts.append((r[:, keep, :] if t.transposed else r[keep]).reshape(-1))
+    lens = np.array([len(o) for o in orders], dtype=np.int32)
+    order = np.concatenate([np.array([len(orders)], np.int32), lens, *orders]) if orders else np.zeros(1, np.int32)
+    return np.concatenate(parts), order
+
+
+def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Rebuild a member's blob from the shared block and its private part (see :func:`split_state`)."""
+    block_blob = np.asarray(block_blob, dtype=np.uint8).reshape(-1)
+    private_blob = np.asarray(private_blob, dtype=np.uint8).reshape(-1)
+    order = np.asarray(order, dtype=np.int32)
+    blk = parse_state(block_blob)
+    prv = parse_state(private_blob)
+    n_sec = int(order[0]) if len(order) else 0
+    if n_sec != len(prv.sections) or len(order) < 1 + n_sec:
+        raise CodecError(f"order array describes {n_sec} sections, the private blob has {len(prv.sections)}")
+    lens = order[1 : 1 + n_sec]
+    if int(lens.sum()) != len(order) - 1 - n_sec:
+        raise CodecError("order array is truncated")
+    srcs = np.split(order[1 + n_sec :], np.cumsum(lens)[:-1]) if n_sec else []
+    bsecs = _match_sections(prv, blk)
+    # sizes first, then one allocation
+    plan = []
+    total = _HDR_BYTES
+    for psec, bsec, src in zip(prv.sections, bsecs, srcs):
+        ps, bs = _stream_of(psec), _stream_of(bsec)
+        n = len(src)
+        shared = src >= 0
+        n_priv = n - int(shared.sum())
+        if ps is not None and ps.n_cells != n_priv:
+            raise CodecError(f"private blob has {ps.n_cells} cells in section {psec.index}, the order array {n_priv}")
+        if n_priv and (ps is None or ps.n_cells == 0):
+            raise CodecError("order array expects private cells the blob does not have")
+        if shared.any() and (bs is None or bs.n_cells == 0 or int(src.max()) >= bs.n_cells):
+            raise CodecError(f"order array points past the shared block's cells in section {bsec.index}")
+        ref = ps if n_priv else bs  # tensor headers / cell stride come from whichever has cells
+        total += 8
+        if n and ref is not None:
+            total += n * _cell_stride(ref) + 8
+            for t in ref.k + ref.v:
+                per = t.n_embd * t.row_size if t.transposed else t.row_size
+                total += _TENSOR_HDR if t.transposed else (t.data_offset - t.header_offset)
+                total += n * per
+        plan.append((psec, ps, bs, src, shared, ref))
+    out = np.empty(total, dtype=np.uint8)
+    out[:_HDR_BYTES] = private_blob[:_HDR_BYTES]
+    o = _HDR_BYTES
+    for psec, ps, bs, src, shared, ref in plan:
+        n = len(src)
+        out[o : o + 4] = private_blob[psec.offset : psec.offset + 4]
+        out[o + 4 : o + 8] = np.frombuffer(np.uint32(n).tobytes(), np.uint8)
+        o += 8
+        if n == 0:
+            continue
+        priv = ~shared
+        sh_src = src[shared]
+        stride = _cell_stride(ref)
+        cells = out[o : o + n * stride].reshape(n, stride)
+        if shared.any():
+            cells[shared] = block_blob[bs.cells_offset : bs.cells_offset + bs.cells_size].reshape(bs.n_cells, stride)[sh_src]
+            cells[shared, stride - 4 :] = private_blob[4:8]  # the member's own seq id (llama.cpp ignores it on load)
+        if priv.any():
+            cells[priv] = private_blob[ps.cells_offset : ps.cells_offset + ps.cells_size].reshape(ps.n_cells, stride)
+        o += n * stride
+        tail = ref.k[0].header_offset - 8
+        src_blob = private_blob if ref is ps else block_blob
+        out[o : o + 8] = src_blob[tail : tail + 8]
+        o += 8
+        ptens = (ps.k + ps.v) if (ps is not None and ps.n_cells) else (None,) * len(ref.k + ref.v)
+        btens = (bs.k + bs.v) if (bs is not None and bs.n_cells) else (None,) * len(ref.k + ref.v)
+        for rt, pt, bt in zip(ref.k + ref.v, ptens, btens):
+            h = rt.data_offset - rt.header_offset
+            out[o : o + h] = src_blob[rt.header_offset : rt.data_offset]
+            o += h
+            if rt.transposed:
+                dst = out[o : o + n * rt.n_embd * rt.row_size].reshape(rt.n_embd, n, rt.row_size)
+                if bt is not None and shared.any():
+                    dst[:, shared, :] = _rows(block_blob, bt)[:, sh_src, :]
+                if pt is not None and priv.any():
+                    dst[:, priv, :] = _rows(private_blob, pt)
+                o += n * rt.n_embd * rt.row_size
+            else:
+                dst = out[o : o + n * rt.row_size].reshape(n, rt.row_size)
+                if bt is not None and shared.any():
+                    dst[shared] = _rows(block_blob, bt)[sh_src]
+                if pt is not None and priv.any():
+                    dst[priv] = _rows(private_blob, pt)
+                o += n * rt.row_size
+    assert o == total
+    return out
+
+
+@dataclass(eq=False, slots=True)
+class KVBlock:
+    """A shared prefix's KV cells, kept once for every agent that references it.
+
+    Attributes:
+        id: block id (``"blk-<n>-<token checksum>-<serial>"``).
+        n_tokens: cells at positions ``0..n_tokens-1`` (the prefix).
+        checksum: :func:`token_checksum` of the prefix's tokens.
+        data: the cells as an f16 sequence-state blob, or ``None`` while only the
+            archive holds it (no agent that needs it is in RAM).
+        nbytes: length of the blob.
+        refs: agents whose KV starts with these cells (live or parked).
+        archived: the archive holds a copy (``shared_blocks`` table).
+    """
+
+    id: str
+    n_tokens: int
+    checksum: str
+    data: np.ndarray | None
+    nbytes: int
+    refs: set[str] = field(default_factory=set)
+    archived: bool = False
+
+
+class BlockStore:
+    """Reference-counted shared KV blocks (RAM side; the archive keeps its own counts).
+
+    >>> store = BlockStore()
+    >>> b = store.create(np.arange(4), np.zeros(10, np.uint8))
+    >>> store.acquire(b.id, "a"); store.acquire(b.id, "b"); store.release(b.id, "a")
+    False
+    >>> store.release(b.id, "b"), len(store)
+    (True, 0)
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, KVBlock] = {}
+        self._serial = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        return iter(list(self._blocks.values()))
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._blocks
+
+    def get(self, block_id: str) -> KVBlock | None:
+        return self._blocks.get(block_id)
+
+    def create(self, tokens: np.ndarray, blob: np.ndarray) -> KVBlock:
+        """A new block of ``tokens``' cells (``blob``: their f16 state); no references yet."""
+        self._serial += 1
+        ck = token_checksum(tokens)
+        bid = f"blk-{len(tokens)}-{ck}-{self._serial}"
+        b = self._blocks[bid] = KVBlock(bid, len(tokens), ck, blob, int(blob.nbytes))
+        return b
+
+    def register(self, block: KVBlock) -> KVBlock:
+        """Adopt a block known from elsewhere (the archive on resume)."""
+        self._blocks[block.id] = block
+        return block
+
+    def acquire(self, block_id: str, agent_id: str) -> None:
+        """``agent_id`` now references the block (idempotent)."""
+        b = self._blocks.get(block_id)
+        if b is None:
+            raise KeyError(f"no shared block {block_id!r}")
+        b.refs.add(agent_id)
+
+    def release(self, block_id: str, agent_id: str) -> bool:
+        """``agent_id`` no longer references the block; True when that freed it.
+
+        Releasing a reference that is not held is a no-op (counts never go negative).
+        """
+        b = self._blocks.get(block_id)
+        if b is None:
+            return False
+        b.refs.discard(agent_id)
+        if not b.refs:
+            del self._blocks[block_id]
+            return True
+        return False
+
+    def ram_bytes(self) -> int:
+        """Bytes of blocks held in RAM."""
+        return sum(b.nbytes for b in self._blocks.values() if b.data is not None)

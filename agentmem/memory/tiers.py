@@ -93,7 +93,11 @@ class WarmTier(Tier):
 
 
 class ColdTier(Tier):
-    """Parked states in the SQLite archive, fingerprinted and checksummed."""
+    """Parked states in the SQLite archive, fingerprinted and checksummed.
+
+    A state that references a shared block is stored as its private cells plus
+    the block's id; the archive counts the references and drops a block with none.
+    """
 
     name = "cold"
 
@@ -107,7 +111,8 @@ class ColdTier(Tier):
 
     def put(self, agent_id: str, state: ParkedState) -> None:
         self.archive.put_state(
-            agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint, tier="cold"
+            agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint, tier="cold",
+            block_id=state.block, layout=None if state.order is None else np.ascontiguousarray(state.order, "<i4"),
         )
         self._sizes[agent_id] = state.nbytes
 
@@ -116,7 +121,8 @@ class ColdTier(Tier):
         st = self.archive.get_state(agent_id, fingerprint=self.fingerprint)
         if st is None:
             return None
-        return ParkedState(np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens)
+        order = None if st.layout is None else np.frombuffer(st.layout, dtype="<i4").astype(np.int32)
+        return ParkedState(np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens, block=st.block_id, order=order)
 
     def delete(self, agent_id: str) -> None:
         if self._sizes.pop(agent_id, None) is not None:

@@ -1,0 +1,164 @@
+"""Shared KV blocks: parked agents keep a shared prefix once, in RAM and in the archive.
+
+Runs on the tiny synthetic models (a plain llama and an iSWA gemma3), with the
+real llama.cpp: blobs are cut and joined byte for byte, restores give the same
+greedy output as agents that were never parked, counts never go negative and
+blocks are freed with their last reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentmem import MemoryPool
+from agentmem.errors import CodecError
+from agentmem.memory.archive import Archive
+from agentmem.memory.codec import parse_state
+from agentmem.memory.shared import BlockStore, join_state, split_state
+
+BRIEF = "the team must ship the release on friday and every change needs a review " * 4
+ASKS = ["plan the work", "write the code", "review the change"]
+
+
+def team(user: str) -> list[dict]:
+    return [{"role": "system", "content": BRIEF}, {"role": "user", "content": user}]
+
+
+def opts(**kw):
+    base = dict(n_ctx=2048, n_batch=64, prefetch=False, batch_decode=False)
+    base.update(kw)
+    return base
+
+
+@pytest.fixture(params=["llama", "gemma3"])
+def model(request, tiny_model_path, tiny_gemma3_path):
+    return tiny_model_path if request.param == "llama" else tiny_gemma3_path
+
+
+def run_team(pool: MemoryPool, rounds: int = 2, hist: dict | None = None, max_tokens: int = 4) -> list[list[int]]:
+    out = []
+    hist = {a: team(a) for a in ASKS} if hist is None else hist
+    for _ in range(rounds):
+        for a in ASKS:
+            r = pool.chat(a, hist[a], max_tokens=max_tokens)
+            out.append(r.tokens)
+            hist[a] = hist[a] + [{"role": "assistant", "content": r.text}, {"role": "user", "content": "go on"}]
+    return out
+
+
+def test_split_join_roundtrip_is_byte_exact(model):
+    with MemoryPool(model, **opts(resident_agents=4)) as pool:
+        n = pool.share("brief", [{"role": "system", "content": BRIEF}])
+        pool.chat("a", team("hello there"), max_tokens=5)
+        block = pool.ctx.state_get(pool._agents["share:brief"].seq)
+        blob = pool.ctx.state_get(pool._agents["a"].seq)
+        priv, order = split_state(blob, block, n)
+        assert priv.nbytes < blob.nbytes / 2  # the brief is most of the state
+        assert np.array_equal(join_state(block, priv, order), blob)
+        parse_state(priv)  # the private part is itself a valid state blob
+        # a blob whose shared cells differ from the block is not cut
+        bad = block.copy()
+        t = next(parse_state(bad).tensors())
+        bad[t.data_offset : t.data_offset + t.data_size] ^= 1
+        assert split_state(blob, bad, n) is None
+        with pytest.raises(CodecError):
+            join_state(block, priv, order[:-1])
+
+
+def test_parked_members_store_the_prefix_once_and_restore_exactly(model):
+    with MemoryPool(model, **opts(resident_agents=4)) as ref:
+        ref.share("brief", [{"role": "system", "content": BRIEF}])
+        want = run_team(ref)
+    with MemoryPool(model, **opts(resident_agents=1)) as pool:  # every switch parks and restores
+        pool.share("brief", [{"role": "system", "content": BRIEF}])
+        got = run_team(pool)
+        st = pool.stats()
+        (bid, blk), = st["shared"]["blocks"].items()
+        assert set(blk["members"]) == {"share:brief", *ASKS}
+        parked = [a for a, x in st["agents"].items() if x["tier"] == "warm"]
+        assert len(parked) == 3
+        for a in parked:
+            assert st["agents"][a]["block"] == bid
+            assert st["agents"][a]["bytes"] < blk["bytes"]  # only the private cells
+        assert st["totals"]["block_splits"] >= 3 and st["totals"]["restore_failures"] == 0
+        assert st["shared"]["parked_bytes_saved"] > 0
+    assert got == want
+
+
+def test_block_refcounts_never_negative_and_free_at_zero(tiny_model_path):
+    store = BlockStore()
+    b = store.create(np.arange(3), np.zeros(4, np.uint8))
+    assert store.release(b.id, "nobody") is True  # no references at all: freed, nothing negative
+    with MemoryPool(tiny_model_path, **opts(resident_agents=2)) as pool:
+        pool.share("brief", [{"role": "system", "content": BRIEF}])
+        for a in ASKS:
+            pool.chat(a, team(a), max_tokens=2)
+        blocks = pool.stats()["shared"]["blocks"]
+        assert len(blocks) == 1 and next(iter(blocks.values()))["refs"] == 4
+        for a in [*ASKS, "share:brief"]:
+            pool.forget(a)
+        assert pool.stats()["shared"]["blocks"] == {}
+        assert pool.stats()["totals"]["blocks_freed"] == 1
+
+
+def test_archive_keeps_one_block_with_counted_references(model, tmp_path):
+    path = tmp_path / "a.db"
+    with MemoryPool(model, **opts(resident_agents=4, archive_path=str(path))) as pool:
+        pool.share("brief", [{"role": "system", "content": BRIEF}])
+        hist: dict = {}
+        hist.update({a: team(a) for a in ASKS})
+        # one reply token: the ledger then ends at the prompt, and the next prompt extends it
+        # (a cold state has no sliding-window checkpoint to cut back to on gemma3)
+        want = run_team(pool, rounds=1, hist=hist, max_tokens=1)
+        for a in [*ASKS, "share:brief"]:
+            pool.park(a, "cold")
+        st = pool.stats()
+        (bid, blk), = st["shared"]["blocks"].items()
+        assert blk["in_archive"] and blk["archive_refs"] == 4 and not blk["in_ram"]
+        cold = {a: x["bytes"] for a, x in st["agents"].items()}
+        assert all(cold[a] < blk["bytes"] for a in ASKS)
+        assert cold["share:brief"] < 1000  # nothing private at all
+        first = [pool.chat(a, hist[a], max_tokens=1) for a in ASKS]  # restores from the archive
+        assert [r.kv for r in first] == ["restored"] * 3
+        assert pool.stats()["totals"]["restore_failures"] == 0
+        for a, r in zip(ASKS, first):
+            hist[a] = hist[a] + [{"role": "assistant", "content": r.text}, {"role": "user", "content": "go on"}]
+            pool.park(a, "cold")
+    with Archive(path, readonly=True) as arc:
+        assert [b.refcount for b in arc.list_shared_blocks()] == [4]
+    with MemoryPool(model, **opts(resident_agents=4, archive_path=str(path))) as pool:  # restart (same config)
+        assert pool.stats()["shared"]["blocks"][bid]["refs"] == 4
+        again = [pool.chat(a, hist[a], max_tokens=4) for a in ASKS]
+        assert [r.kv for r in again] == ["restored"] * 3
+    with MemoryPool(model, **opts(resident_agents=4, min_share_tokens=0)) as ref:  # never parked, no sharing
+        for a in ASKS:
+            ref.chat(a, hist[a][:-4], max_tokens=1)
+            ref.chat(a, hist[a][:-2], max_tokens=1)
+        assert [ref.chat(a, hist[a], max_tokens=4).tokens for a in ASKS] == [r.tokens for r in again]
+    with MemoryPool(model, **opts(resident_agents=4, archive_path=str(path))) as pool:
+        for a in [*ASKS, "share:brief"]:
+            pool.forget(a)
+    with Archive(path, readonly=True) as arc:
+        assert arc.list_shared_blocks() == [] and arc.state_blocks() == {}
+    assert want  # the first round ran
+
+
+def test_eviction_inside_a_shared_prefix_does_not_move_the_other_agents_cells(tiny_model_path):
+    msgs = team("plan the work")
+    with MemoryPool(tiny_model_path, **opts(resident_agents=4, min_share_tokens=0)) as ref:
+        want = ref.chat("a", msgs, max_tokens=6).tokens
+    with MemoryPool(tiny_model_path, **opts(resident_agents=4, eviction="sliding_window")) as pool:
+        pool.chat("a", msgs, max_tokens=6)
+        n = len(pool.tokens("a"))
+        pool.set_budget("b", n // 2, eviction="streaming_llm")  # b will evict inside the shared brief
+        r = pool.chat("b", team("write the code"), max_tokens=6)
+        assert r.kv == "shared"
+        st = pool.stats()
+        assert st["agents"]["b"]["evicted_tokens"] > 0 and st["totals"]["privatized"] >= 1
+        assert st["agents"]["b"]["block"] is None  # it no longer holds the block's cells
+        a = pool._agents["a"]
+        pos = np.sort(parse_state(pool.ctx.state_get(a.seq)).positions)
+        assert pos.tolist() == list(range(a.ledger.n_live))  # a's cells were not shifted by b's eviction
+        again = pool.chat("a", msgs, max_tokens=6)
+        assert again.kv == "reused" and again.tokens == want
