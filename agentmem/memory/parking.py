@@ -23,8 +23,9 @@ class ParkedState:
 
     With ``block`` set, ``data`` holds only the agent's private cells: the
     shared prefix's cells are in that :class:`~agentmem.memory.shared.KVBlock`
-    and ``order`` joins the two (:func:`~agentmem.memory.shared.join_state`);
-    ``swa_ckpt``/``swa_order`` likewise for the sliding-window checkpoint.
+    and ``order`` joins the two (:func:`~agentmem.memory.shared.join_state`).
+    With ``swa_order`` set, ``swa_ckpt`` holds only the checkpoint's cells that the
+    state's own sliding-window layers lack (the reply's), joined on use.
     """
 
     data: np.ndarray

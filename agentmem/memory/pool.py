@@ -142,8 +142,8 @@ class _Agent:
     # end of the last prompt (history index, live position), before its reply was generated
     prompt_end: tuple[int, int] = (0, 0)
     # sliding-window layers as of prompt_end, captured when parked (see _move)
-    # (a tuple ``(block id, private blob, order)`` when cut at its shared block)
-    swa_ckpt: np.ndarray | tuple[str, np.ndarray, np.ndarray] | None = None
+    # (a tuple ``(private blob, order)`` when stored cut against the parked state, see _ckpt_blob)
+    swa_ckpt: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
     # shared KV block its first cells belong to (parked states then keep only the rest)
     block: str | None = None
     # cells at positions below this may be tagged for other sequences too (seq_cp):
@@ -866,8 +866,8 @@ class MemoryPool:
             if pos_max != a.ledger.n_live - 1:
                 raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
             a.swa_ckpt = stored.swa_ckpt
-            if stored.swa_ckpt is not None and stored.swa_order is not None and stored.block is not None:
-                a.swa_ckpt = (stored.block, stored.swa_ckpt, stored.swa_order)  # joined only if used
+            if stored.swa_ckpt is not None and stored.swa_order is not None:
+                a.swa_ckpt = (stored.swa_ckpt, stored.swa_order)  # joined only if used (see _ckpt_blob)
             a.shared_upto = 0
             if src == "warm":
                 self._tiers["warm"].delete(a.id)
@@ -886,9 +886,14 @@ class MemoryPool:
                     # (trimmed, edited), so keep those layers as of the prompt's end too:
                     # a restore can then roll back to it instead of re-prefilling. (Not
                     # needed when the whole history fits the window.) Counted in the state's bytes.
+                    now = self.ctx.swa_state_get(a.seq)
                     self.ctx.seq_rm(a.seq, pe_live, -1)
-                    ck, ck_order = self._split(a, self.ctx.swa_state_get(a.seq))
-                    state = dataclasses.replace(state, swa_ckpt=ck, swa_order=ck_order)
+                    ck = self.ctx.swa_state_get(a.seq)
+                    try:  # keep only the cells the parked state itself lacks (about the reply's)
+                        cut = split_state(ck, now, pe_live, partial=True)
+                    except AgentMemError:
+                        cut = None
+                    state = dataclasses.replace(state, swa_ckpt=cut[0] if cut else ck, swa_order=cut[1] if cut else None)
                 self._store(a, dst, state)
             else:
                 self._block_leave(a)
@@ -1107,13 +1112,16 @@ class MemoryPool:
         return join_state(self._block_data(b), blob, stored.order)
 
     def _ckpt_blob(self, a: _Agent, ckpt: Any) -> np.ndarray:
-        """The sliding-window checkpoint as a blob (joined with the block when it was cut)."""
+        """The sliding-window checkpoint as a blob.
+
+        A checkpoint shares all but the reply's cells with the state it was parked
+        with, so it is stored cut against that state's sliding-window layers and
+        joined here with the live ones (``a`` must still hold the restored state).
+        """
         if isinstance(ckpt, tuple):
-            bid, private, order = ckpt
-            b = self._blocks.get(bid)
-            if b is None:
-                raise StateError(f"shared block {bid!r} of agent {a.id!r}'s checkpoint is gone")
-            return join_state(self._block_data(b), private, order)
+            private, order = ckpt
+            assert a.seq is not None
+            return join_state(self.ctx.swa_state_get(a.seq), private, order)
         return ckpt
 
     def _privatize(self, a: _Agent) -> None:
@@ -1458,7 +1466,13 @@ class MemoryPool:
                         # layers; cutting back below it would leave them without history.
                         pmin = self.ctx.seq_pos_min(a.seq)
                         if pmin > max(0, keep_live - self.model.n_swa + 1):
+                            ck_blob = None
                             if ckpt is not None and keep_live >= a.prompt_end[1]:
+                                try:  # (a cut checkpoint is joined with the live cells, before they change)
+                                    ck_blob = self._ckpt_blob(a, ckpt)
+                                except AgentMemError as exc:
+                                    logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
+                            if ck_blob is not None:
                                 n_keep, use_ckpt = a.prompt_end[0], True  # roll back to the checkpoint
                             else:
                                 logger.debug("agent %r: SWA cells start at %d, cannot cut to %d; re-prefilling", a.id, pmin, keep_live)
@@ -1471,12 +1485,8 @@ class MemoryPool:
                             self._block_leave(a)
                     if use_ckpt:
                         assert ckpt is not None
-                        try:
-                            ck_blob = self._ckpt_blob(a, ckpt)
-                        except AgentMemError as exc:
-                            logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
-                            ck_blob = np.zeros(0, np.uint8)
-                        if not ck_blob.size or self.ctx.swa_state_set(a.seq, ck_blob) == 0 or self.ctx.seq_pos_min(a.seq) > max(
+                        assert ck_blob is not None
+                        if self.ctx.swa_state_set(a.seq, ck_blob) == 0 or self.ctx.seq_pos_min(a.seq) > max(
                             0, keep_live - self.model.n_swa + 1
                         ):
                             logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)

@@ -151,7 +151,9 @@ def _match_sections(member: StateLayout, block: StateLayout) -> list[SectionLayo
     return list(block.sections[nb - nm :])
 
 
-def split_state(blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, verify_rows: int = 3) -> tuple[np.ndarray, np.ndarray] | None:
+def split_state(
+    blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, verify_rows: int = 3, partial: bool = False
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Cut a member's state blob into its private part and an order array.
 
     Args:
@@ -160,6 +162,8 @@ def split_state(blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, veri
         n_shared: cells of the shared prefix.
         verify_rows: per tensor, compare this many of the member's shared rows
             (first, last, middle ...) with the block's; a mismatch returns ``None``.
+        partial: cells below ``n_shared`` the block lacks stay private instead of
+            failing the cut (used to cut a checkpoint against its own agent's state).
 
     Returns:
         ``(private_blob, order)`` or ``None`` when the member's cells below
@@ -182,9 +186,11 @@ def split_state(blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, veri
             continue
         shared = ms.positions < n_shared
         src = np.full(ms.n_cells, -1, dtype=np.int32)
-        if shared.any():
-            if bs is None or bs.n_cells == 0:
+        if shared.any() and (bs is None or bs.n_cells == 0):
+            if not partial:
                 return None
+            shared[:] = False
+        if shared.any():
             bpos = bs.positions
             srt = np.argsort(bpos, kind="stable")
             want = ms.positions[shared]
@@ -192,8 +198,12 @@ def split_state(blob: np.ndarray, block_blob: np.ndarray, n_shared: int, *, veri
             at[at >= len(srt)] = 0
             hit = bpos[srt][at] == want
             if not hit.all():
-                return None  # the member holds a shared position the block lacks
+                if not partial:
+                    return None  # the member holds a shared position the block lacks
+                shared[np.flatnonzero(shared)[~hit]] = False
+                at = at[hit]
             src[shared] = srt[at]
+        if shared.any():
             if ms.v_trans != bs.v_trans or len(ms.k) != len(bs.k):
                 return None
             idx = np.flatnonzero(shared)
