@@ -285,6 +285,8 @@ class MemoryPool:
         self._cond = threading.Condition(self._lock)
         self._agents: dict[str, _Agent] = {}
         self._blocks = BlockStore()
+        self._seq_waiters: dict[str, tuple[int, int]] = {}  # agent -> (priority, -arrival)
+        self._seq_ticket = 0
         self._free_seqs: list[int] = list(range(cfg.resident_agents - 1, -1, -1))
         self._predictor = TransitionPredictor()
         self._totals: dict[str, int] = dict.fromkeys(
@@ -292,7 +294,7 @@ class MemoryPool:
              "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
              "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
              "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
-             "block_splits", "block_split_misses", "privatized"), 0
+             "block_splits", "block_split_misses", "privatized", "seq_waits"), 0
         )
         self._tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
         # continuous batching of decode steps across generating agents
@@ -977,20 +979,34 @@ class MemoryPool:
         """Make ``a`` resident (under the lock). Returns ``reused``/``restored``/``fresh``."""
         if a.seq is not None:
             return "reused"
-        while not self._free_seqs:
-            idle = [x for x in self._agents.values() if x.seq is not None and not x.busy and x is not a]
-            if idle:
-                victim = self._agents[self._placement.demotion_order([self._info(x) for x in idle])[0].id]
-                if victim.prefetched:
-                    self._totals["prefetch_wasted"] += 1
-                    victim.prefetched = False
-                self._move(victim, "warm")
-                self._rebalance(urgent_only=True)
-                break
-            if prefetch:
-                return "busy"
-            logger.debug("agent %r waits for a free sequence", a.id)
-            self._cond.wait()
+        if prefetch and self._seq_waiters:
+            return "busy"  # calls waiting for a sequence come first
+        # Agents waiting for a sequence are served by priority (then arrival): only the
+        # first in that order may take a free sequence or park an idle agent.
+        self._seq_ticket += 1
+        self._seq_waiters[a.id] = (a.priority, -self._seq_ticket)
+        try:
+            while True:
+                if self._seq_waiters[a.id] == max(self._seq_waiters.values()):
+                    if self._free_seqs:
+                        break
+                    idle = [x for x in self._agents.values() if x.seq is not None and not x.busy and x is not a]
+                    if idle:
+                        victim = self._agents[self._placement.demotion_order([self._info(x) for x in idle])[0].id]
+                        if victim.prefetched:
+                            self._totals["prefetch_wasted"] += 1
+                            victim.prefetched = False
+                        self._move(victim, "warm")
+                        self._rebalance(urgent_only=True)
+                        break
+                if prefetch:
+                    return "busy"
+                logger.debug("agent %r waits for a free sequence", a.id)
+                self._totals["seq_waits"] += 1
+                self._cond.wait()
+        finally:
+            del self._seq_waiters[a.id]
+            self._cond.notify_all()
         a.seq = self._free_seqs.pop()
         if a.tier in self._tiers:
             src = a.tier

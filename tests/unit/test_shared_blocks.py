@@ -162,3 +162,34 @@ def test_eviction_inside_a_shared_prefix_does_not_move_the_other_agents_cells(ti
         assert pos.tolist() == list(range(a.ledger.n_live))  # a's cells were not shifted by b's eviction
         again = pool.chat("a", msgs, max_tokens=6)
         assert again.kv == "reused" and again.tokens == want
+
+
+def test_waiting_agents_get_a_sequence_by_priority(tiny_model_path):
+    import threading
+    import time
+
+    with MemoryPool(tiny_model_path, **opts(resident_agents=1)) as pool:
+        pool.set_priority("low", "background")
+        pool.set_priority("high", "foreground")
+        stream = pool.chat_stream("holder", team("talk"), max_tokens=8)
+        next(stream)  # the holder is generating: it keeps the only sequence
+        order: list[str] = []
+
+        def call(agent: str) -> None:
+            pool.chat(agent, team(agent), max_tokens=1)
+            order.append(agent)
+
+        threads = []
+        for agent in ("low", "high"):  # the low-priority call arrives first
+            t = threading.Thread(target=call, args=(agent,))
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + 10
+            while agent not in pool._seq_waiters and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert agent in pool._seq_waiters
+        stream.drain()
+        for t in threads:
+            t.join(timeout=30)
+        assert order == ["high", "low"]
+        assert pool.stats()["totals"]["seq_waits"] >= 2
