@@ -465,9 +465,11 @@ class MemoryPool:
         ``{"agents": {id: {"tokens", "live_tokens", "tier", "bytes", "codec",
         "seq", "priority", "regions", "evicted_regions", counters...}},
         "tiers": {"hot"|"warm"|"cold": {"agents", "bytes", "hits"}},
-        "totals": {...}}``. ``tier`` is ``"hot"`` (live sequence), ``"warm"``
+        "totals": {...}, "shared": {"blocks", "ram_bytes", "archive_bytes",
+        "parked_bytes_saved"}}``. ``tier`` is ``"hot"`` (live sequence), ``"warm"``
         (RAM), ``"cold"`` (archive) or ``"empty"``; ``bytes`` is what the state
-        occupies there.
+        occupies there (for an agent with a shared ``block``: its private cells;
+        the block's bytes are under ``"shared"``, counted once).
         """
         with self._lock:
             agents: dict[str, Any] = {}

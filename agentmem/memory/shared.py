@@ -11,7 +11,11 @@ sequences: ``seq_cp`` only adds a sequence tag, so a prefix decoded once is
   in Python on every ledger change, and it sees evictions and edits for free.
 * :class:`HandoffCard` — the descriptor of a handoff (``pool.handoff``): what
   was handed over, at which positions, for which model, with a checksum of the
-  token ids and a sequence number.
+  token ids, a sequence number and the shared block both agents reference.
+* :class:`KVBlock` / :class:`BlockStore` — a shared prefix's cells kept once
+  (reference-counted) for every parked agent that starts with it;
+  :func:`split_state` cuts an agent's state blob into its private part and an
+  order array, :func:`join_state` rebuilds it byte for byte.
 """
 
 from __future__ import annotations
