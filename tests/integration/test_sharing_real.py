@@ -39,7 +39,7 @@ def team(question: str) -> list[dict[str, str]]:
 
 def opts(**kw):
     """Every pool of a comparison decodes one call at a time (bitwise reproducible)."""
-    return dict(n_ctx=2048, resident_agents=4, n_threads=1, batch_decode=False, **kw)
+    return {"n_ctx": 2048, "resident_agents": 4, "n_threads": 1, "batch_decode": False, **kw}
 
 
 def test_declared_share_gives_same_output_as_own_prefill(default_model_path):
@@ -237,3 +237,48 @@ def test_join_from_parked_team_uses_the_parked_share(default_model_path):
         p.park("share:brief")
         r = p.chat("late", msgs("Late: which rule matters most?"), max_tokens=1)
     assert r.kv == "shared" and r.usage.cached_tokens >= n, (r.kv, r.usage)
+
+
+def test_parked_team_keeps_the_brief_once_and_continues_exactly(default_model_path, tmp_path):
+    """Shared blocks on the real model: parked members store only their own cells.
+
+    Two pools make the same decode calls; in the second every agent is parked
+    (RAM, then the archive) between rounds. The parked states are cut at the
+    brief's block and joined back on restore, so the replies must be equal.
+    """
+    long_doc = " ".join(f"Rule {i}: {DOC}" for i in range(8))
+    asks = ["Planner: what comes first?", "Coder: which rule is about tests?", "Reviewer: who reviews?"]
+
+    def msgs(q: str, extra: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+        return [{"role": "user", "content": long_doc}, {"role": "assistant", "content": ACK},
+                {"role": "user", "content": q}, *(extra or [])]
+
+    def play(pool: MemoryPool, park: str | None) -> tuple[list[list[int]], dict]:
+        pool.share("brief", [{"role": "user", "content": long_doc}])
+        out, hist = [], {q: [] for q in asks}
+        snap: dict = {}
+        for rnd in range(2):
+            for i, q in enumerate(asks):
+                r = pool.chat(f"a{i}", msgs(q, hist[q]), max_tokens=1 if rnd == 0 else 12)
+                out.append(r.tokens)
+                hist[q] = [{"role": "assistant", "content": r.text}, {"role": "user", "content": "Go on."}]
+            if park and rnd == 0:
+                for aid in pool.agents():
+                    pool.park(aid, park)
+                snap = pool.stats()
+        return out, snap
+
+    with MemoryPool(default_model_path, **opts(n_ctx=8192, resident_agents=5)) as p:
+        want, _ = play(p, None)
+    for tier in ("warm", "cold"):
+        extra = {"archive_path": str(tmp_path / "a.db"), "cold_codec": "f16"} if tier == "cold" else {}
+        with MemoryPool(default_model_path, **opts(n_ctx=8192, resident_agents=5, **extra)) as p:
+            got, st = play(p, tier)
+            assert p.stats()["totals"]["restore_failures"] == 0
+        (bid, blk), = st["shared"]["blocks"].items()
+        assert blk["refs"] == 4 and blk["tokens"] > 512  # longer than the sliding window
+        for i in range(3):
+            a = st["agents"][f"a{i}"]
+            assert a["tier"] == tier and a["block"] == bid
+            assert a["bytes"] < blk["bytes"] / 2, (tier, a["bytes"], blk["bytes"])
+        assert got == want, tier
