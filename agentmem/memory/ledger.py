@@ -13,6 +13,8 @@ All per-token data lives in parallel numpy arrays; no per-token Python objects.
 
 from __future__ import annotations
 
+import itertools
+
 from typing import Sequence
 
 import numpy as np
@@ -26,6 +28,9 @@ _FIELDS = ("tok", "reg", "pin", "msg", "live")
 _DTYPES = {"tok": np.int32, "reg": np.uint8, "pin": np.bool_, "msg": np.int32, "live": np.bool_}
 
 
+_VERSIONS = itertools.count(1)
+
+
 class Ledger:
     """Tokens of one agent with region, pin, message index and live flag per token.
 
@@ -33,7 +38,9 @@ class Ledger:
     >>> led.extend([1, 2, 3], [Span(0, 3, "user")])
     >>> led.common_prefix([1, 2, 9, 9])
     2
-    >>> led.truncate(2); len(led), led.spans
+    >>> led.truncate(2)  # the live tokens kept (the KV cut point)
+    2
+    >>> len(led), led.spans
     (2, [Span(start=0, end=2, region='user', message=-1, pinned=False)])
     """
 
@@ -41,6 +48,8 @@ class Ledger:
         self._a = {f: np.zeros(256, dtype=_DTYPES[f]) for f in _FIELDS}
         self._n = 0
         self.n_live = 0
+        #: changes (to a value no other ledger had) whenever tokens or live flags change
+        self.version = next(_VERSIONS)
 
     # ---------------------------------------------------------------- views
     def __len__(self) -> int:
@@ -122,6 +131,7 @@ class Ledger:
         keep_live = self.live_before(n)
         self._n = n
         self.n_live = keep_live
+        self.version = next(_VERSIONS)
         return keep_live
 
     def extend(
@@ -162,6 +172,7 @@ class Ledger:
                     a["msg"][lo:hi] = s.message
         self._n = need
         self.n_live += k
+        self.version = next(_VERSIONS)
 
     def evict_live(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """Mark live positions ``[s, e)`` as evicted; returns their history indices."""
@@ -170,6 +181,7 @@ class Ledger:
         assert not self._a["pin"][hist].any(), "eviction of pinned tokens"
         self._a["live"][hist] = False
         self.n_live -= int(hist.size)
+        self.version = next(_VERSIONS)
         return hist
 
     def set_pinned(self, message: int, pinned: bool = True) -> int:

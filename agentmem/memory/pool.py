@@ -55,8 +55,8 @@ from agentmem.memory.shared import (
     BlockStore,
     HandoffCard,
     KVBlock,
+    PrefixIndex,
     join_state,
-    longest_shared_prefix,
     split_state,
     token_checksum,
 )
@@ -285,6 +285,7 @@ class MemoryPool:
         self._cond = threading.Condition(self._lock)
         self._agents: dict[str, _Agent] = {}
         self._blocks = BlockStore()
+        self._prefixes = PrefixIndex()  # radix tree over agents' shareable tokens (refreshed lazily)
         self._seq_waiters: dict[str, tuple[int, int]] = {}  # agent -> (priority, -arrival)
         self._seq_ticket = 0
         self._free_seqs: list[int] = list(range(cfg.resident_agents - 1, -1, -1))
@@ -567,6 +568,7 @@ class MemoryPool:
             if self._archive is not None:
                 self._archive.delete_agent(agent_id)
             self._block_leave(a)
+            self._prefixes.remove(agent_id)
             self._predictor.forget(agent_id)
             del self._agents[agent_id]
 
@@ -1321,14 +1323,23 @@ class MemoryPool:
         if not n_min or len(prompt.tokens) <= n_min:
             return 0
         toks = np.asarray(prompt.tokens, dtype=np.int32)
-        ranked: list[tuple[int, str]] = []
+        cands: dict[str, _Agent] = {}
         for x in self._agents.values():
             if x is a or x.busy or not len(x.ledger) or not (x.seq is not None or x.tier in self._tiers):
                 continue
-            _, n = longest_shared_prefix(toks, [(x.id, x.ledger)])
+            cands[x.id] = x
+            led = x.ledger
+            live = led.live
+            shareable = len(led) if live.all() else int(np.argmin(live))  # up to the first evicted token
+            self._prefixes.sync(x.id, led.tokens[:shareable], version=led.version)
+        ranked: list[tuple[int, str]] = []
+        for xid, n in self._prefixes.matches(toks):
+            x = cands.get(xid)
+            if x is None:
+                continue
             n = min(n, len(toks) - 1)
             if n < n_min:
-                continue
+                break  # longest first: the rest are shorter
             if x.seq is None and self.model.n_swa > 0:
                 # a parked state keeps only the last window of the sliding-window layers
                 # (positions from n_live - n_swa): it can be cut back only within that

@@ -5,10 +5,11 @@ shared document). In the unified KV cache one set of cells can belong to many
 sequences: ``seq_cp`` only adds a sequence tag, so a prefix decoded once is
 *shared*, not copied, and each agent's later tokens diverge copy-on-write.
 
-* :func:`longest_shared_prefix` — which agent (or declared share) holds the
-  longest prefix of a prompt. A vectorized scan over ledgers: for the tens to
-  hundreds of agents one pool holds this is faster than maintaining a radix tree
-  in Python on every ledger change, and it sees evictions and edits for free.
+* :class:`PrefixIndex` — a radix tree over the agents' shareable token
+  sequences (their ledgers up to the first evicted token), refreshed lazily by
+  ledger version: which agents share the longest prefix with a prompt.
+  :func:`longest_shared_prefix` is the same question as a plain scan (kept as
+  the reference the tree is tested against).
 * :class:`HandoffCard` — the descriptor of a handoff (``pool.handoff``): what
   was handed over, at which positions, for which model, with a checksum of the
   token ids, a sequence number and the shared block both agents reference.
@@ -36,6 +37,7 @@ __all__ = [
     "BlockStore",
     "HandoffCard",
     "KVBlock",
+    "PrefixIndex",
     "join_state",
     "longest_shared_prefix",
     "split_state",
@@ -415,3 +417,125 @@ class BlockStore:
     def ram_bytes(self) -> int:
         """Bytes of blocks held in RAM."""
         return sum(b.nbytes for b in self._blocks.values() if b.data is not None)
+
+
+# --------------------------------------------------------------------------- prefix index
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two int32 arrays (vectorised)."""
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    neq = a[:m] != b[:m]
+    return int(np.argmax(neq)) if neq.any() else m
+
+
+class _Node:
+    __slots__ = ("label", "children", "agents")
+
+    def __init__(self, label: np.ndarray) -> None:
+        self.label = label  # tokens on the edge into this node
+        self.children: dict[int, _Node] = {}
+        self.agents: set[str] = set()  # agents whose sequence passes through (or ends in) this node
+
+
+class PrefixIndex:
+    """A radix tree over agents' token sequences: who shares the longest prefix with a prompt.
+
+    Edges carry runs of tokens (compared with numpy), every node knows the agents
+    whose sequence passes through it, so a lookup walks the prompt once and is
+    independent of how many agents share each prefix. Entries are refreshed
+    lazily: :meth:`sync` re-inserts an agent only when its ledger version changed.
+
+    >>> idx = PrefixIndex()
+    >>> idx.sync("a", np.array([1, 2, 3, 4], np.int32), version=1)
+    >>> idx.sync("b", np.array([1, 2, 9], np.int32), version=1)
+    >>> idx.matches(np.array([1, 2, 3, 7], np.int32))
+    [('a', 3), ('b', 2)]
+    >>> idx.remove("a"); idx.matches(np.array([1, 2, 3, 7], np.int32))
+    [('b', 2)]
+    """
+
+    def __init__(self) -> None:
+        self._root = _Node(np.zeros(0, np.int32))
+        self._seqs: dict[str, tuple[int, np.ndarray]] = {}  # agent -> (version, tokens)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._seqs
+
+    def sync(self, agent_id: str, tokens: np.ndarray, *, version: int) -> None:
+        """Make ``agent_id``'s entry ``tokens`` unless it is already at ``version``."""
+        cur = self._seqs.get(agent_id)
+        if cur is not None and cur[0] == version:
+            return
+        if cur is not None:
+            self.remove(agent_id)
+        toks = np.array(tokens, dtype=np.int32, copy=True)
+        self._seqs[agent_id] = (version, toks)
+        node, i = self._root, 0
+        node.agents.add(agent_id)
+        while i < len(toks):
+            child = node.children.get(int(toks[i]))
+            if child is None:
+                leaf = _Node(toks[i:])
+                leaf.agents.add(agent_id)
+                node.children[int(toks[i])] = leaf
+                return
+            k = _common(child.label, toks[i:])
+            if k < len(child.label):  # split the edge at k
+                mid = _Node(child.label[:k])
+                mid.agents = set(child.agents)
+                child.label = child.label[k:]
+                mid.children[int(child.label[0])] = child
+                node.children[int(toks[i])] = mid
+                child = mid
+            child.agents.add(agent_id)
+            node, i = child, i + k
+
+    def remove(self, agent_id: str) -> None:
+        """Drop ``agent_id``'s entry (no-op when absent); empty branches are pruned."""
+        cur = self._seqs.pop(agent_id, None)
+        if cur is None:
+            return
+        toks = cur[1]
+        node, i = self._root, 0
+        node.agents.discard(agent_id)
+        while i < len(toks):
+            child = node.children.get(int(toks[i]))
+            if child is None:
+                return
+            child.agents.discard(agent_id)
+            if not child.agents:
+                del node.children[int(toks[i])]
+                return
+            node, i = child, i + len(child.label)
+
+    def matches(self, tokens: np.ndarray) -> list[tuple[str, int]]:
+        """Every indexed agent sharing a prefix with ``tokens``: ``(agent, length)``, longest first."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        best: dict[str, int] = {}
+        node, i = self._root, 0
+        while i < len(toks):
+            child = node.children.get(int(toks[i]))
+            if child is None:
+                break
+            k = _common(child.label, toks[i:])
+            for a in child.agents:
+                best[a] = i + k
+            if k < len(child.label):
+                break
+            node, i = child, i + k
+        return sorted(best.items(), key=lambda t: (-t[1], t[0]))
+
+    def nodes(self) -> int:
+        """Number of nodes (for tests and stats)."""
+        stack, n = [self._root], 0
+        while stack:
+            x = stack.pop()
+            n += 1
+            stack.extend(x.children.values())
+        return n

@@ -193,3 +193,50 @@ def test_waiting_agents_get_a_sequence_by_priority(tiny_model_path):
             t.join(timeout=30)
         assert order == ["high", "low"]
         assert pool.stats()["totals"]["seq_waits"] >= 2
+
+
+def test_prefix_index_agrees_with_a_scan():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from agentmem.memory.ledger import Ledger
+    from agentmem.memory.shared import PrefixIndex, longest_shared_prefix
+
+    seqs = st.lists(st.integers(0, 3), min_size=0, max_size=12)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 5), seqs), min_size=1, max_size=12), seqs)
+    def check(ops, query):
+        idx, current = PrefixIndex(), {}
+        for version, (agent, toks) in enumerate(ops):
+            name = f"a{agent}"
+            if not toks and name in current:  # an empty op removes the agent
+                idx.remove(name)
+                del current[name]
+                continue
+            idx.sync(name, np.array(toks, np.int32), version=version)
+            current[name] = toks
+        q = np.array(query, np.int32)
+        got = dict(idx.matches(q))
+        for name, toks in current.items():
+            led = Ledger()
+            led.extend(toks, region="user")
+            want = longest_shared_prefix(q, [(name, led)])[1]
+            assert got.get(name, 0) == want, (name, toks, query, got)
+        assert set(got) <= set(current)
+
+    check()
+
+
+def test_prefix_index_is_refreshed_only_when_a_ledger_changes(tiny_model_path):
+    with MemoryPool(tiny_model_path, **opts(resident_agents=4)) as pool:
+        pool.chat("a", team("plan the work"), max_tokens=2)
+        r = pool.chat("b", team("write the code"), max_tokens=2)
+        assert r.kv == "shared"
+        idx = pool._prefixes
+        assert "a" in idx
+        ver = idx._seqs["a"][0]
+        pool.chat("c", team("review it"), max_tokens=2)  # a is unchanged: its entry is reused
+        assert idx._seqs["a"][0] == ver
+        pool.forget("a")
+        assert "a" not in idx
