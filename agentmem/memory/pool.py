@@ -956,18 +956,29 @@ class MemoryPool:
         With ``urgent_only`` (on a call's critical path) only a tier above its
         budget itself is rebalanced; crossing the high watermark is handled after
         the call (:meth:`_after_call`), so demotion I/O does not delay a reply.
+        Off the call path, WARM also keeps room for the largest state a switch
+        could park next, so that park does not push it over the budget mid-call.
+        WARM's bytes include the shared blocks held in RAM.
         """
         cfg = self.config
         for tier, budget in (("warm", cfg.warm_budget_bytes), ("cold", cfg.cold_budget_bytes)):
             if not budget or tier not in self._tiers:
                 continue
             t = self._tiers[tier]
-            if t.total_bytes() <= (budget if urgent_only else cfg.watermark_high * budget):
+
+            def used() -> int:
+                return t.total_bytes() + (self._blocks.ram_bytes() if tier == "warm" else 0)
+
+            high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
+            if tier == "warm" and not urgent_only:
+                room = self._next_park_bytes()
+                high, low = min(high, budget - room), min(low, budget - room)
+            if used() <= (budget if urgent_only else high):
                 continue
             members = [self._agents[x] for x in t.agents() if x in self._agents and self._agents[x].tier == tier]
             order = self._placement.demotion_order([self._info(x) for x in members if not x.busy])
             for info in order:
-                if t.total_bytes() <= cfg.watermark_low * budget:
+                if used() <= (cfg.watermark_low * budget if urgent_only else low):
                     break
                 x = self._agents[info.id]
                 if tier == "warm" and "cold" in self._tiers:
@@ -978,6 +989,11 @@ class MemoryPool:
                         logger.warning("demotion of %r to cold failed (%s); dropping its state", x.id, exc)
                 logger.info("%s budget exceeded: dropping the state of %r (it will re-prefill)", tier, x.id)
                 self._drop_state(x)
+
+    def _next_park_bytes(self) -> int:
+        """f16 bytes of the largest idle resident state: what the next switch may park (lock held)."""
+        sizes = [self.ctx.state_size(x.seq) for x in self._agents.values() if x.seq is not None and not x.busy and x.ledger.n_live]
+        return max(sizes, default=0)
 
     def _acquire_seq(self, a: _Agent, *, prefetch: bool = False) -> str:
         """Make ``a`` resident (under the lock). Returns ``reused``/``restored``/``fresh``."""
