@@ -401,13 +401,31 @@ def _v3_state_blocks(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes, _v3_state_blocks]
+def _v4_state_checkpoints(db: Database) -> None:
+    """Version 4: a state's sliding-window checkpoint (and the prompt end it belongs to)."""
+    db.executescript(
+        """
+        CREATE TABLE state_checkpoints (
+            agent_id        TEXT PRIMARY KEY REFERENCES states(agent_id) ON DELETE CASCADE,
+            prompt_end_hist INTEGER NOT NULL,   -- history tokens at the last prompt's end
+            prompt_end_live INTEGER NOT NULL,   -- live tokens (KV cells) there
+            checksum        TEXT NOT NULL,      -- "sha256:<hex>" of blob
+            layout          BLOB,               -- order array when cut against the state itself
+            blob            BLOB NOT NULL
+        );
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints]
 """Schema steps in order; step ``i`` takes a file from version ``i`` to ``i + 1``."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes."""
 
-_TABLES = ("agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks")
+_TABLES = (
+    "agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks", "state_checkpoints",
+)
 _PAYLOAD_SQL = {
     "agents": "length(id) + length(labels)",
     "ledgers": "n_bytes",
@@ -416,6 +434,7 @@ _PAYLOAD_SQL = {
     "evicted_spans": "length(text)",
     "shared_blocks": "length(blob) + length(fingerprint)",
     "state_blocks": "length(layout)",
+    "state_checkpoints": "length(blob) + ifnull(length(layout), 0)",
 }
 
 
@@ -1127,6 +1146,7 @@ class Archive:
                 [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, _json_dumps(fp), buf, info.created],
             )
             db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
+            db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
             if block_id is not None:
                 if db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is None:
                     raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
@@ -1475,6 +1495,52 @@ class Archive:
         with self._reading("list_shared_blocks") as db:
             rows = db.execute(f"SELECT {self._BLOCK_COLUMNS} FROM shared_blocks ORDER BY id").fetchall()
         return [self._block_info(r) for r in rows]
+
+    def put_checkpoint(
+        self, agent_id: str, blob: BlobLike, *, prompt_end: tuple[int, int], layout: BlobLike | None = None
+    ) -> None:
+        """Store the sliding-window checkpoint of the agent's stored state (after :meth:`put_state`).
+
+        ``prompt_end`` is ``(history tokens, live tokens)`` at the prompt end the
+        checkpoint was taken at; ``layout`` the order array when the blob was cut
+        against the state's own sliding-window cells. A new ``put_state`` drops it.
+        """
+        buf = _as_buffer(blob)
+        h, live = (_check_count("prompt_end", int(x)) for x in prompt_end)
+        with self._writing("put_checkpoint") as db:
+            if db.execute("SELECT 1 FROM states WHERE agent_id = ?", [agent_id]).fetchone() is None:
+                raise ArchiveError(f"{self.path}: agent {agent_id!r} has no stored state to checkpoint")
+            db.execute(
+                "INSERT INTO state_checkpoints(agent_id, prompt_end_hist, prompt_end_live, checksum, layout, blob) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(agent_id) DO UPDATE SET prompt_end_hist = excluded.prompt_end_hist, "
+                "prompt_end_live = excluded.prompt_end_live, checksum = excluded.checksum, layout = excluded.layout, "
+                "blob = excluded.blob",
+                [agent_id, h, live, checksum(buf), None if layout is None else _as_buffer(layout), buf],
+            )
+
+    def get_checkpoint(self, agent_id: str) -> tuple[bytes, bytes | None, tuple[int, int]] | None:
+        """``(blob, layout, prompt_end)`` of the agent's checkpoint, or ``None``.
+
+        Raises:
+            CodecError: the blob fails its checksum.
+        """
+        with self._reading("get_checkpoint") as db:
+            row = db.execute(
+                "SELECT prompt_end_hist, prompt_end_live, checksum, layout, blob FROM state_checkpoints WHERE agent_id = ?",
+                [agent_id],
+            ).fetchone()
+        if row is None:
+            return None
+        bad = _verify_checksum(row[2], row[4]) if isinstance(row[4], bytes) else "not a blob"
+        if bad is not None:
+            raise CodecError(f"{self.path}: checkpoint of agent {agent_id!r} is corrupt")
+        return row[4], row[3], (int(row[0]), int(row[1]))
+
+    def checkpoint_prompt_ends(self) -> dict[str, tuple[int, int]]:
+        """``{agent_id: (history tokens, live tokens)}`` of every stored checkpoint (no blobs read)."""
+        with self._reading("checkpoint_prompt_ends") as db:
+            rows = db.execute("SELECT agent_id, prompt_end_hist, prompt_end_live FROM state_checkpoints").fetchall()
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
     def has_shared_block(self, block_id: str) -> bool:
         """Whether the block is stored (without reading its blob)."""

@@ -332,7 +332,7 @@ class MemoryPool:
                 self._prefetch_thread.join(timeout=10)
             if self._archive is not None:
                 try:
-                    self.checkpoint()
+                    self._save_all(final=True)
                 except AgentMemError as exc:
                     logger.error("could not save agents to %s on close: %s", self.config.archive_path, exc)
         finally:
@@ -704,10 +704,25 @@ class MemoryPool:
         """Write every agent's ledger and state to the archive (hot ones stay hot)."""
         if self._archive is None:
             raise ConfigError("checkpoint() needs archive_path")
+        self._save_all(final=False)
+
+    def _save_all(self, *, final: bool) -> None:
+        """Ledgers and states to the archive; with ``final`` (closing) resident agents are parked there.
+
+        Parking (unlike a live snapshot) also keeps a Gemma 3 agent's sliding-window
+        checkpoint, so after a restart it can still roll back its last reply.
+        """
+        assert self._archive is not None
         with self._lock:
-            for a in self._agents.values():
+            for a in list(self._agents.values()):
                 if a.busy:
                     continue
+                if final and a.seq is not None and a.ledger.n_live:
+                    try:
+                        self._move(a, "cold")
+                        continue
+                    except AgentMemError as exc:
+                        logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
                 state = None
                 if a.seq is not None and a.ledger.n_live:
                     state = self._capture(a, self._placement.codec_for(self._info(a), "cold"))
@@ -801,6 +816,9 @@ class MemoryPool:
                         raise StateError(f"shared block {state.block!r} of agent {a.id!r} is gone")
                     self._block_archive(b)
                 self._tiers["cold"].put(a.id, state)
+                if state.swa_ckpt is not None and a.prompt_end[1] > 0:
+                    order = None if state.swa_order is None else np.ascontiguousarray(state.swa_order, "<i4")
+                    self._archive.put_checkpoint(a.id, state.swa_ckpt, prompt_end=a.prompt_end, layout=order)
 
     def _resume_from_archive(self) -> None:
         """Register every archived agent as COLD (states load lazily, on first call)."""
@@ -836,6 +854,9 @@ class MemoryPool:
                 a.ledger.clear()  # nothing decoded is kept: the next call prefills
             self._agents[a.id] = a
             self._totals["resumed_agents"] += 1
+        for aid, pe in self._archive.checkpoint_prompt_ends().items():
+            if aid in self._agents and self._agents[aid].tier == "cold":
+                self._agents[aid].prompt_end = pe
         for info in self._archive.list_shared_blocks():
             self._blocks.register(KVBlock(info.block_id, info.n_tokens, "", None, info.n_bytes))
         for aid, bid in self._archive.state_blocks().items():
@@ -886,7 +907,7 @@ class MemoryPool:
                 state = self._capture(a, codec)
                 a.swa_ckpt = None
                 pe_hist, pe_live = a.prompt_end
-                if dst == "warm" and 0 < self.model.n_swa < a.ledger.n_live and 0 < pe_live < a.ledger.n_live - 1:
+                if 0 < self.model.n_swa < a.ledger.n_live and 0 < pe_live < a.ledger.n_live - 1:
                     # The blob keeps the sliding-window layers only for the window before
                     # its end. The app usually re-sends the reply slightly differently
                     # (trimmed, edited), so keep those layers as of the prompt's end too:
@@ -916,10 +937,8 @@ class MemoryPool:
             blob = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
             stored = dataclasses.replace(
                 self._codec(codec).encode(blob, n_tokens=stored.n_tokens),
-                block=stored.block, order=stored.order,
+                block=stored.block, order=stored.order, swa_ckpt=stored.swa_ckpt, swa_order=stored.swa_order,
             )
-        elif dst == "cold" and stored.swa_ckpt is not None:
-            stored = dataclasses.replace(stored, swa_ckpt=None, swa_order=None)  # the archive keeps no checkpoint
         self._store(a, dst, stored)
         if src == "warm":
             self._tiers["warm"].delete(a.id)

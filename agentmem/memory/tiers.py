@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from agentmem.errors import AgentMemError
 from agentmem.memory.archive import Archive
 from agentmem.memory.parking import ParkedState
 
@@ -122,7 +123,19 @@ class ColdTier(Tier):
         if st is None:
             return None
         order = None if st.layout is None else np.frombuffer(st.layout, dtype="<i4").astype(np.int32)
-        return ParkedState(np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens, block=st.block_id, order=order)
+        ckpt = ck_order = None
+        try:
+            got = self.archive.get_checkpoint(agent_id)
+        except AgentMemError as exc:  # the state is still usable without it
+            logger.warning("sliding-window checkpoint of %r unusable: %s", agent_id, exc)
+            got = None
+        if got is not None:
+            ckpt = np.frombuffer(got[0], dtype=np.uint8)
+            ck_order = None if got[1] is None else np.frombuffer(got[1], dtype="<i4").astype(np.int32)
+        return ParkedState(
+            np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens, swa_ckpt=ckpt, block=st.block_id,
+            order=order, swa_order=ck_order,
+        )
 
     def delete(self, agent_id: str) -> None:
         if self._sizes.pop(agent_id, None) is not None:

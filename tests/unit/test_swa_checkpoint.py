@@ -24,3 +24,24 @@ def test_restore_then_rollback_of_the_reply_uses_the_checkpoint(tiny_gemma3_path
         p.chat("a", first, max_tokens=12)
         never = p.chat("a", follow, max_tokens=6)
     assert r2.tokens == never.tokens
+
+
+def test_the_checkpoint_survives_the_archive_and_a_restart(tiny_gemma3_path, tmp_path):
+    """Cold states keep their checkpoint (and prompt end) too, across a restart."""
+    first = conv("tell me about the weather in paris today please")
+    follow = first + [{"role": "assistant", "content": "a different reply than generated"},
+                      {"role": "user", "content": "and tomorrow?"}]
+    opts = dict(n_ctx=1024, resident_agents=1, n_batch=64, prefetch=False, min_share_tokens=0)
+    with MemoryPool(tiny_gemma3_path, archive_path=str(tmp_path / "a.db"), **opts) as p:
+        r1 = p.chat("a", first, max_tokens=12)
+        p.park("a", "cold")
+        r2 = p.chat("a", follow, max_tokens=6)  # restored from the archive, rolled back to the prompt end
+        assert r2.kv == "restored" and r2.usage.cached_tokens >= r1.usage.prompt_tokens
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        p.chat("a", first, max_tokens=12)
+        never = p.chat("a", follow, max_tokens=6)
+    assert r2.tokens == never.tokens
+    again = follow + [{"role": "assistant", "content": "yet another text"}, {"role": "user", "content": "ok"}]
+    with MemoryPool(tiny_gemma3_path, archive_path=str(tmp_path / "a.db"), **opts) as p:  # restart: state in the archive
+        r3 = p.chat("a", again, max_tokens=4)
+        assert r3.kv == "restored" and r3.usage.cached_tokens >= r2.usage.prompt_tokens
