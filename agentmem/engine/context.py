@@ -322,7 +322,7 @@ class LlamaContext:
     Example::
 
         >>> ctx = LlamaContext(model, ContextParams(n_ctx=2048, n_seq_max=2))  # doctest: +SKIP
-        >>> idx = ctx.decode_run(seq=0, tokens=model.tokenize("Hi", add_special=True), pos0=0)
+        >>> idx = ctx.decode_run(seq=0, tokens=model.tokenize("Hi", add_special=True), pos0=0)  # doctest: +SKIP
         >>> blob = ctx.state_get(0); ctx.state_set(1, blob)                      # doctest: +SKIP
     """
 
