@@ -123,8 +123,11 @@ class HandoffCard:
 # are ordinary llama.cpp sequence-state blobs (the private one simply has fewer
 # cells), so every park codec and the archive handle them unchanged. A small
 # ``order`` array says, for each cell of the original blob in its original order,
-# which block cell it was (>= 0) or that it was the next private cell (-1); the
-# join puts the cells back in that order, so a restore is bit-identical.
+# the *position* of the block cell it was (>= 0) or that it was the next private
+# cell (-1); the join puts the cells back in that order, so a restore is
+# bit-identical. Positions, not cell indices, so the reference may be any blob
+# holding those positions with the same bytes in any cell order (a restored
+# sequence's own sliding-window cells, for a checkpoint).
 
 _HDR_BYTES = 8  # magic u32 + seq_id i32
 _TENSOR_HDR = 12  # K/V: type i32 + row_size u64; transposed V: type i32 + el_size u32 + n_embd u32
@@ -223,7 +226,7 @@ def split_state(
                         return None
                 elif not np.array_equal(mr[probe], br[src[probe]]):
                     return None
-        orders.append(src)
+        orders.append(np.where(shared, ms.positions, -1).astype(np.int32))
         keep = ~shared
         n_priv = int(keep.sum())
         parts.append(np.frombuffer(np.uint32(n_priv).tobytes(), np.uint8))
@@ -270,8 +273,17 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
             raise CodecError(f"private blob has {ps.n_cells} cells in section {psec.index}, the order array {n_priv}")
         if n_priv and (ps is None or ps.n_cells == 0):
             raise CodecError("order array expects private cells the blob does not have")
-        if shared.any() and (bs is None or bs.n_cells == 0 or int(src.max()) >= bs.n_cells):
-            raise CodecError(f"order array points past the shared block's cells in section {bsec.index}")
+        if shared.any():
+            if bs is None or bs.n_cells == 0:
+                raise CodecError(f"the order array needs shared cells the block lacks in section {bsec.index}")
+            srt = np.argsort(bs.positions, kind="stable")
+            want = src[shared]
+            at = np.searchsorted(bs.positions[srt], want)
+            at[at >= len(srt)] = 0
+            if not np.array_equal(bs.positions[srt][at], want):
+                raise CodecError(f"the shared block lacks positions the order array needs in section {bsec.index}")
+            src = src.copy()
+            src[shared] = srt[at]  # positions -> the block's cell indices
         ref = ps if n_priv else bs  # tensor headers / cell stride come from whichever has cells
         total += 8
         if n and ref is not None:

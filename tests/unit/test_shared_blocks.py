@@ -240,3 +240,41 @@ def test_prefix_index_is_refreshed_only_when_a_ledger_changes(tiny_model_path):
         assert idx._seqs["a"][0] == ver
         pool.forget("a")
         assert "a" not in idx
+
+
+def _permuted(blob: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The same cells in another order (what a restore into a fragmented cache gives)."""
+    out = blob.copy()
+    rng = np.random.default_rng(seed)
+    for sec in parse_state(blob).sections:
+        for st in sec.streams:
+            if st.n_cells < 2:
+                continue
+            perm = rng.permutation(st.n_cells)
+            stride = st.cells_size // st.n_cells
+            cells = blob[st.cells_offset : st.cells_offset + st.cells_size].reshape(st.n_cells, stride)
+            out[st.cells_offset : st.cells_offset + st.cells_size] = cells[perm].reshape(-1)
+            for t in st.k + st.v:
+                data = blob[t.data_offset : t.data_offset + t.data_size]
+                if t.transposed:
+                    rows = data.reshape(t.n_embd, t.n_cells, t.row_size)[:, perm, :]
+                else:
+                    rows = data.reshape(t.n_cells, t.row_size)[perm]
+                out[t.data_offset : t.data_offset + t.data_size] = rows.reshape(-1)
+    return out
+
+
+def test_join_finds_shared_cells_by_position_in_any_cell_order(tiny_gemma3_path):
+    with MemoryPool(tiny_gemma3_path, **opts(resident_agents=4)) as pool:
+        n = pool.share("brief", [{"role": "system", "content": BRIEF}])
+        pool.chat("a", team("hello there"), max_tokens=5)
+        block = pool.ctx.state_get(pool._agents["share:brief"].seq)
+        blob = pool.ctx.state_get(pool._agents["a"].seq)
+    priv, order = split_state(blob, block, n)
+    shuffled = _permuted(block)
+    assert not np.array_equal(shuffled, block)
+    assert np.array_equal(join_state(shuffled, priv, order), blob)
+    # a reference missing a needed position is an error, not a wrong blob
+    upper, _ = split_state(block, block, n // 2)  # the block's cells at positions >= n // 2 only
+    with pytest.raises(CodecError, match="lacks positions"):
+        join_state(upper, priv, order)
