@@ -47,6 +47,7 @@ from agentmem.errors import (
     UnknownAgentError,
 )
 from agentmem.memory.archive import Archive, EvictedSpan
+from agentmem.memory.codec import parse_state
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.parking import ParkCodec, ParkedState, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
@@ -295,7 +296,7 @@ class MemoryPool:
              "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
              "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
              "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
-             "block_splits", "block_split_misses", "privatized", "seq_waits"), 0
+             "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores"), 0
         )
         self._tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
         # continuous batching of decode steps across generating agents
@@ -883,19 +884,20 @@ class MemoryPool:
             stored = self._tiers[src].get(a.id) if src in self._tiers else None
             if stored is None:
                 raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
-            blob = self._unpark_blob(stored)
-            # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
-            # for the latter, park idle agents and try again before giving up
-            while self.ctx.state_set(a.seq, blob) == 0:
-                if not self._make_room(a):
-                    raise StateError("llama_state_seq_set_data rejected the blob")
+            a.shared_upto = 0
+            if not (stored.block is not None and self._restore_linked(a, stored)):
+                blob = self._unpark_blob(stored)
+                # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
+                # for the latter, park idle agents and try again before giving up
+                while self.ctx.state_set(a.seq, blob) == 0:
+                    if not self._make_room(a):
+                        raise StateError("llama_state_seq_set_data rejected the blob")
             pos_max = self.ctx.seq_pos_max(a.seq)
             if pos_max != a.ledger.n_live - 1:
                 raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
             a.swa_ckpt = stored.swa_ckpt
             if stored.swa_ckpt is not None and stored.swa_order is not None:
                 a.swa_ckpt = (stored.swa_ckpt, stored.swa_order)  # joined only if used (see _ckpt_blob)
-            a.shared_upto = 0
             if src == "warm":
                 self._tiers["warm"].delete(a.id)
             a.tier = "empty"
@@ -1165,6 +1167,55 @@ class MemoryPool:
         if b is None or stored.order is None:
             raise StateError(f"shared block {stored.block!r} of a parked state is gone")
         return join_state(self._block_data(b), blob, stored.order)
+
+    def _restore_linked(self, a: _Agent, stored: ParkedState) -> bool:
+        """Restore a cut state with its block's cells *shared* from a live member (lock held).
+
+        The private cells are loaded, then ``seq_cp`` tags the live member's prefix
+        cells for ``a`` too: no join, no copy of the prefix, and the live cache keeps
+        the prefix once. Sliding-window cells a live member no longer holds (llama.cpp
+        reuses them once they fall out of that member's window) would be missing, so
+        they are checked; on any shortfall ``a``'s sequence is emptied and ``False``
+        returned (the caller restores the joined blob instead).
+        """
+        assert a.seq is not None and stored.block is not None and stored.order is not None
+        b = self._blocks.get(stored.block)
+        if b is None or b.data is None:
+            return False
+        m = next((x for x in (self._agents.get(r) for r in b.refs if r != a.id)
+                  if x is not None and x.seq is not None and x.block == b.id), None)
+        if m is None:
+            return False
+        private = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+        order = stored.order
+        n_sec = int(order[0])
+        n_private = int(np.count_nonzero(order[1 + n_sec :] < 0))
+        m.busy += 1  # _make_room must not park the member whose cells are linked
+        try:
+            if n_private:
+                while self.ctx.state_set(a.seq, private) == 0:
+                    if not self._make_room(a):
+                        self.ctx.seq_rm(a.seq)
+                        return False
+            else:
+                self.ctx.seq_rm(a.seq)
+            self.ctx.seq_cp(m.seq, a.seq, 0, b.n_tokens)
+            if self.model.n_swa > 0 and n_sec >= 2:
+                # every sliding-window position the parked state had must be there
+                lens = order[1 : 1 + n_sec]
+                src = order[1 + n_sec :][int(lens[:-1].sum()) :]
+                need = np.concatenate([src[src >= 0], parse_state(private).sections[-1].positions])
+                have = parse_state(self.ctx.swa_state_get(a.seq)).positions
+                if not np.isin(need, have).all():
+                    logger.debug("agent %r: member %r no longer holds the window's cells; joining instead", a.id, m.id)
+                    self.ctx.seq_rm(a.seq)
+                    return False
+        finally:
+            m.busy -= 1
+        a.shared_upto = b.n_tokens
+        m.shared_upto = max(m.shared_upto, b.n_tokens)
+        self._totals["linked_restores"] += 1
+        return True
 
     def _ckpt_blob(self, a: _Agent, ckpt: Any) -> np.ndarray:
         """The sliding-window checkpoint as a blob.

@@ -274,7 +274,9 @@ def test_parked_team_keeps_the_brief_once_and_continues_exactly(default_model_pa
         extra = {"archive_path": str(tmp_path / "a.db"), "cold_codec": "f16"} if tier == "cold" else {}
         with MemoryPool(default_model_path, **opts(n_ctx=8192, resident_agents=5, **extra)) as p:
             got, st = play(p, tier)
-            assert p.stats()["totals"]["restore_failures"] == 0
+            totals = p.stats()["totals"]
+            assert totals["restore_failures"] == 0
+            assert totals["linked_restores"] >= 2, totals  # after the first, restores share the live prefix
         (bid, blk), = st["shared"]["blocks"].items()
         assert blk["refs"] == 4 and blk["tokens"] > 512  # longer than the sliding window
         for i in range(3):

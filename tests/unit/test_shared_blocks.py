@@ -278,3 +278,24 @@ def test_join_finds_shared_cells_by_position_in_any_cell_order(tiny_gemma3_path)
     upper, _ = split_state(block, block, n // 2)  # the block's cells at positions >= n // 2 only
     with pytest.raises(CodecError, match="lacks positions"):
         join_state(upper, priv, order)
+
+
+def test_restore_links_the_prefix_of_a_live_member(model):
+    with MemoryPool(model, **opts(resident_agents=4)) as ref:
+        ref.share("brief", [{"role": "system", "content": BRIEF}])
+        want = run_team(ref)
+    with MemoryPool(model, **opts(resident_agents=4)) as pool:
+        pool.share("brief", [{"role": "system", "content": BRIEF}])
+        hist = {a: team(a) for a in ASKS}
+        got = run_team(pool, rounds=1, hist=hist)
+        for a in [*ASKS, "share:brief"]:
+            pool.park(a)
+        live_before = pool.stats()["totals"]["hot_cells_bytes"]
+        got += run_team(pool, rounds=1, hist=hist)  # the first restore joins, the next ones link
+        st = pool.stats()
+        assert st["totals"]["linked_restores"] == 2 and st["totals"]["restore_failures"] == 0
+        # the three restored agents hold the brief once again
+        sizes = [st["agents"][a]["bytes"] for a in ASKS]
+        assert st["totals"]["hot_cells_bytes"] < sum(sizes)
+        assert live_before == 0
+    assert got == want
