@@ -285,6 +285,7 @@ def bench_memory(args: argparse.Namespace, common: dict[str, Any]) -> dict[str, 
             "agents": k_restore, "kv": kinds, "live_cells_bytes": cells,
             "per_agent_bytes": cells[-1] / k_restore,
             "restore_failures": pool.stats()["totals"]["restore_failures"],
+            "linked_restores": pool.stats()["totals"]["linked_restores"],
             "per_extra_agent_bytes_when_shared": (by_n[big[-1]] - by_n[big[0]]) / (big[-1] - big[0]),
         }
     tmpdir.cleanup()
@@ -379,11 +380,11 @@ def print_memory(r: dict[str, Any]) -> None:
     print("* = measured bytes per cell of the no-sharing pool x the agents' token counts "
           f"({r['independent_bytes_per_cell']:.0f} B/cell); others measured in a min_share_tokens=0 pool")
     ar = r["after_restore"]
-    print(f"park everything, then continue {ar['agents']} agents ({', '.join(ar['kv'])}): "
-          f"{mib(ar['per_agent_bytes'])} of live cells per restored agent vs "
-          f"{mib(ar['per_extra_agent_bytes_when_shared'])} "
-          "per extra agent while sharing (a restore writes private cells; Gemma 3's restored states keep only "
-          "the last 512 positions of the 15 sliding-window layers)")
+    steps = ", ".join(mib(b - a) for a, b in zip([0, *ar["live_cells_bytes"]], ar["live_cells_bytes"]))
+    print(f"park everything (archive), then continue {ar['agents']} agents ({', '.join(ar['kv'])}; "
+          f"{ar['linked_restores']} linked to a live member's prefix): live cells grew by {steps}, "
+          f"{mib(ar['per_agent_bytes'])} per restored agent vs {mib(ar['per_extra_agent_bytes_when_shared'])} "
+          "per extra agent while sharing (a joined restore writes private cells)")
     p = r["polykv"]
     o = p["ours"]
     print("\nPolyKV (arXiv 2604.24971), 15 agents, 4K document, Llama-3-8B, restated on f16:")

@@ -1182,10 +1182,12 @@ class MemoryPool:
         b = self._blocks.get(stored.block)
         if b is None or b.data is None:
             return False
-        m = next((x for x in (self._agents.get(r) for r in b.refs if r != a.id)
-                  if x is not None and x.seq is not None and x.block == b.id), None)
-        if m is None:
+        live = [x for x in (self._agents.get(r) for r in b.refs if r != a.id)
+                if x is not None and x.seq is not None and x.block == b.id]
+        if not live:
             return False
+        # the member whose sliding-window cells reach back furthest covers the most
+        m = min(live, key=lambda x: self.ctx.seq_pos_min(x.seq)) if self.model.n_swa > 0 else live[0]
         private = self._codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
         order = stored.order
         n_sec = int(order[0])
