@@ -47,23 +47,27 @@ def run_team(pool: MemoryPool, rounds: int = 2, hist: dict | None = None, max_to
     return out
 
 
-def test_split_join_roundtrip_is_byte_exact(model):
+def share_and_member(model) -> tuple[int, np.ndarray, np.ndarray]:
+    """(brief tokens, the brief's state, the state of an agent that started from it)."""
     with MemoryPool(model, **opts(resident_agents=4)) as pool:
         n = pool.share("brief", [{"role": "system", "content": BRIEF}])
         pool.chat("a", team("hello there"), max_tokens=5)
-        block = pool.ctx.state_get(pool._agents["share:brief"].seq)
-        blob = pool.ctx.state_get(pool._agents["a"].seq)
-        priv, order = split_state(blob, block, n)
-        assert priv.nbytes < blob.nbytes / 2  # the brief is most of the state
-        assert np.array_equal(join_state(block, priv, order), blob)
-        parse_state(priv)  # the private part is itself a valid state blob
-        # a blob whose shared cells differ from the block is not cut
-        bad = block.copy()
-        t = next(parse_state(bad).tensors())
-        bad[t.data_offset : t.data_offset + t.data_size] ^= 1
-        assert split_state(blob, bad, n) is None
-        with pytest.raises(CodecError):
-            join_state(block, priv, order[:-1])
+        return n, pool.ctx.state_get(pool._agents["share:brief"].seq), pool.ctx.state_get(pool._agents["a"].seq)
+
+
+def test_split_join_roundtrip_is_byte_exact(model):
+    n, block, blob = share_and_member(model)
+    priv, order = split_state(blob, block, n)
+    assert priv.nbytes < blob.nbytes / 2  # the brief is most of the state
+    assert np.array_equal(join_state(block, priv, order), blob)
+    parse_state(priv)  # the private part is itself a valid state blob
+    # a blob whose shared cells differ from the block is not cut
+    bad = block.copy()
+    t = next(parse_state(bad).tensors())
+    bad[t.data_offset : t.data_offset + t.data_size] ^= 1
+    assert split_state(blob, bad, n) is None
+    with pytest.raises(CodecError):
+        join_state(block, priv, order[:-1])
 
 
 def test_parked_members_store_the_prefix_once_and_restore_exactly(model):
@@ -265,11 +269,7 @@ def _permuted(blob: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def test_join_finds_shared_cells_by_position_in_any_cell_order(tiny_gemma3_path):
-    with MemoryPool(tiny_gemma3_path, **opts(resident_agents=4)) as pool:
-        n = pool.share("brief", [{"role": "system", "content": BRIEF}])
-        pool.chat("a", team("hello there"), max_tokens=5)
-        block = pool.ctx.state_get(pool._agents["share:brief"].seq)
-        blob = pool.ctx.state_get(pool._agents["a"].seq)
+    n, block, blob = share_and_member(tiny_gemma3_path)
     priv, order = split_state(blob, block, n)
     shuffled = _permuted(block)
     assert not np.array_equal(shuffled, block)
