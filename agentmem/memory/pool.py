@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
-import math
 import queue
 import threading
 import time
@@ -987,8 +986,8 @@ class MemoryPool:
                 continue
             t = self._tiers[tier]
 
-            def used() -> int:
-                return t.total_bytes() + (self._blocks.ram_bytes() if tier == "warm" else 0)
+            def used(t: Tier = t, warm: bool = tier == "warm") -> int:
+                return t.total_bytes() + (self._blocks.ram_bytes() if warm else 0)
 
             high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
             if tier == "warm" and not urgent_only:

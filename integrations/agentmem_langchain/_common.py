@@ -200,6 +200,37 @@ class AgentMemFields(BaseModel):
             out["stop"] = list(dict.fromkeys(stops))
         return out
 
+    # ------------------------------------------------------------------ identity (both model kinds)
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.resolved_model_name(),
+            "agent_id": self.agent_id,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)  # type: ignore[misc]
+        params["ls_provider"] = "agentmem"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name()
+        return params
+
+    # ------------------------------------------------------------------ agent from config
+    # ``config["configurable"]["agent_id"]`` picks the agent of one call (LangGraph-style).
+    def invoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return super().invoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return await super().ainvoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Iterator[Any]:
+        return super().stream(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+
+    def astream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        return super().astream(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+
     @staticmethod
     def _with_config_agent(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Take ``agent_id`` from ``config["configurable"]`` unless given as a kwarg."""

@@ -14,7 +14,7 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, InvalidToolCall, ToolCall
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -239,36 +239,13 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
     def _llm_type(self) -> str:
         return "agentmem-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_name": self.resolved_model_name(),
-            "agent_id": self.agent_id,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
-
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "agentmem"
-        model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name()
         if not stop and self.stop:
             params["ls_stop"] = self.stop
         return params
 
-    # ------------------------------------------------------------------ agent from config
-    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
-        return super().invoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    async def ainvoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AIMessage:
-        return await super().ainvoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    def stream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
-        return super().stream(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
-        return super().astream(input, config, stop=stop, **self._with_config_agent(config, kwargs))
+    # invoke / ainvoke / stream / astream take ``agent_id`` from the run config (AgentMemFields)
 
     # ------------------------------------------------------------------ tools and structure
     def bind_tools(

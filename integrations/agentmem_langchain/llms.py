@@ -6,9 +6,8 @@ import contextlib
 from typing import Any, AsyncIterator, Iterator
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseLLM, LanguageModelInput
+from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
-from langchain_core.runnables import RunnableConfig
 
 from agentmem import ChatResult as PoolResult
 
@@ -45,34 +44,7 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
     def _llm_type(self) -> str:
         return "agentmem"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model_name": self.resolved_model_name(),
-            "agent_id": self.agent_id,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "agentmem"
-        model = kwargs.get("model")
-        params["ls_model_name"] = model if isinstance(model, str) else self.resolved_model_name()
-        return params
-
-    # ------------------------------------------------------------------ agent from config
-    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> str:
-        return super().invoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    async def ainvoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> str:
-        return await super().ainvoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    def stream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Iterator[str]:
-        return super().stream(input, config, stop=stop, **self._with_config_agent(config, kwargs))
-
-    def astream(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[str]:
-        return super().astream(input, config, stop=stop, **self._with_config_agent(config, kwargs))
+    # identity and the per-call agent from the run config come from AgentMemFields
 
     # ------------------------------------------------------------------ helpers
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
