@@ -63,6 +63,11 @@ def test_handoff_copy_on_write(pool):
     card = pool.handoff("src", "dst")
     assert isinstance(card, HandoffCard) and card.mode == "shared" and card.seq_no == 1
     assert card.n_tokens == len(before) and card.verify(np.asarray(pool.history_tokens("dst")))
+    # both now reference one shared block of the handed cells: parked, they keep it once
+    assert card.block is not None and card.block_tokens == card.n_live
+    st = pool.stats()
+    assert st["agents"]["src"]["block"] == st["agents"]["dst"]["block"] == card.block
+    assert st["shared"]["blocks"][card.block]["refs"] == 2
     r = pool.chat("dst", msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "now the db"}], max_tokens=4)
     assert r.kv == "reused" and r.usage.cached_tokens > 0
     assert pool.tokens("src") == before  # the source is unaffected by the destination's divergence
