@@ -978,7 +978,7 @@ class MemoryPool:
         the call (:meth:`_after_call`), so demotion I/O does not delay a reply.
         Off the call path, WARM also keeps room for the largest state a switch
         could park next, so that park does not push it over the budget mid-call.
-        WARM's bytes include the shared blocks held in RAM.
+        Shared blocks count where they are held (RAM for WARM, the archive for COLD).
         """
         cfg = self.config
         for tier, budget in (("warm", cfg.warm_budget_bytes), ("cold", cfg.cold_budget_bytes)):
@@ -987,7 +987,11 @@ class MemoryPool:
             t = self._tiers[tier]
 
             def used(t: Tier = t, warm: bool = tier == "warm") -> int:
-                return t.total_bytes() + (self._blocks.ram_bytes() if warm else 0)
+                # shared blocks count where they are held: RAM for WARM, the archive for COLD
+                if warm:
+                    return t.total_bytes() + self._blocks.ram_bytes()
+                assert self._archive is not None
+                return t.total_bytes() + sum(b.n_bytes for b in self._archive.list_shared_blocks())
 
             high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
             if tier == "warm" and not urgent_only:
