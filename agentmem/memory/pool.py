@@ -1275,9 +1275,17 @@ class MemoryPool:
         if first < a.shared_upto:
             # shifting cells other sequences share would move them for those too
             self._privatize(a)
-        for s, e in reversed(ranges):
+        # Remove every range, then shift each kept segment once by what was removed before
+        # it: every cell moves once (one seq_add per range, each shifting everything after
+        # it, cost O(ranges x cells) in llama.cpp's position maps: 0.6 ms per call at 2k).
+        for s, e in ranges:
             self.ctx.seq_rm(a.seq, s, e)
-            self.ctx.seq_add(a.seq, e, -1, -(e - s))
+        removed = 0
+        for k, (s, e) in enumerate(ranges):
+            removed += e - s
+            nxt = ranges[k + 1][0] if k + 1 < len(ranges) else -1
+            if nxt == -1 or nxt > e:
+                self.ctx.seq_add(a.seq, e, nxt, -removed)
         hist = led.evict_live(ranges)
         # archive the evicted text, one row per contiguous history run
         msg_of = led.messages[hist]
