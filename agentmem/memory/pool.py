@@ -472,6 +472,7 @@ class MemoryPool:
         occupies there (for an agent with a shared ``block``: its private cells;
         the block's bytes are under ``"shared"``, counted once).
         """
+        self._check_open()
         with self._lock:
             agents: dict[str, Any] = {}
             tiers = {t: {"agents": 0, "bytes": 0, "hits": self._tier_hits[t]} for t in ("hot", "warm", "cold")}
