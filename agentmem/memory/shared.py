@@ -390,6 +390,7 @@ class BlockStore:
         return block_id in self._blocks
 
     def get(self, block_id: str) -> KVBlock | None:
+        """The block, or ``None`` (freed or never created)."""
         return self._blocks.get(block_id)
 
     def create(self, tokens: np.ndarray, blob: np.ndarray) -> KVBlock:
