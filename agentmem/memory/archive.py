@@ -863,6 +863,11 @@ class Archive:
             except sqlite3.Error as exc:
                 raise ArchiveError(f"{self.path}: {what} failed: {exc}") from exc
 
+    def _row(self, what: str, sql: str, params: Sequence[Any]) -> Any:
+        """The first row of a read query (``None`` when there is none)."""
+        with self._reading(what) as db:
+            return db.execute(sql, list(params)).fetchone()
+
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[Database]:
         """Like :meth:`_reading`, inside a transaction (a savepoint when nested)."""
@@ -1057,11 +1062,9 @@ class Archive:
         Raises:
             ArchiveError: the stored ledger is malformed.
         """
-        with self._reading("get_ledger") as db:
-            row = db.execute(
-                "SELECT tokens, regions, messages, n_tokens, updated FROM ledgers WHERE agent_id = ?",
-                [agent_id],
-            ).fetchone()
+        row = self._row(
+            "get_ledger", "SELECT tokens, regions, messages, n_tokens, updated FROM ledgers WHERE agent_id = ?", [agent_id]
+        )
         if row is None:
             return None
         blob, regions_json, messages_json, n_tokens, updated = row
@@ -1524,11 +1527,11 @@ class Archive:
         Raises:
             CodecError: the blob fails its checksum.
         """
-        with self._reading("get_checkpoint") as db:
-            row = db.execute(
-                "SELECT prompt_end_hist, prompt_end_live, checksum, layout, blob FROM state_checkpoints WHERE agent_id = ?",
-                [agent_id],
-            ).fetchone()
+        row = self._row(
+            "get_checkpoint",
+            "SELECT prompt_end_hist, prompt_end_live, checksum, layout, blob FROM state_checkpoints WHERE agent_id = ?",
+            [agent_id],
+        )
         if row is None:
             return None
         bad = _verify_checksum(row[2], row[4]) if isinstance(row[4], bytes) else "not a blob"
@@ -1544,8 +1547,7 @@ class Archive:
 
     def has_shared_block(self, block_id: str) -> bool:
         """Whether the block is stored (without reading its blob)."""
-        with self._reading("has_shared_block") as db:
-            return db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is not None
+        return self._row("has_shared_block", "SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]) is not None
 
     def state_blocks(self) -> dict[str, str]:
         """``{agent_id: block_id}`` of every stored state that references a shared block."""
