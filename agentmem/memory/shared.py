@@ -111,6 +111,11 @@ class HandoffCard:
     block_tokens: int = 0
     created: float = field(default_factory=time.time)
 
+    @property
+    def private_tokens(self) -> int:
+        """Cells handed over beyond the shared block (the private fragment a parked copy stores)."""
+        return self.n_live - self.block_tokens if self.block is not None else self.n_live
+
     def verify(self, ledger_tokens: np.ndarray) -> bool:
         """True when ``ledger_tokens[:n_tokens]`` still carries this card's checksum."""
         return len(ledger_tokens) >= self.n_tokens and token_checksum(ledger_tokens[: self.n_tokens]) == self.checksum

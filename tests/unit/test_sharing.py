@@ -64,7 +64,7 @@ def test_handoff_copy_on_write(pool):
     assert isinstance(card, HandoffCard) and card.mode == "shared" and card.seq_no == 1
     assert card.n_tokens == len(before) and card.verify(np.asarray(pool.history_tokens("dst")))
     # both now reference one shared block of the handed cells: parked, they keep it once
-    assert card.block is not None and card.block_tokens == card.n_live
+    assert card.block is not None and card.block_tokens == card.n_live and card.private_tokens == 0
     st = pool.stats()
     assert st["agents"]["src"]["block"] == st["agents"]["dst"]["block"] == card.block
     assert st["shared"]["blocks"][card.block]["refs"] == 2
