@@ -54,7 +54,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import statistics
 import sys
@@ -64,6 +63,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._report import load, make_pool, mib, ms, run_meta, table  # noqa: E402
+from benchmarks._report import sections as parse_sections  # noqa: E402
 
 logger = logging.getLogger("benchmarks.sharing")
 
@@ -142,30 +144,14 @@ def messages(doc: str, user: str) -> list[dict[str, str]]:
 
 
 # --------------------------------------------------------------------------- helpers
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
-def ms(x: float) -> str:
-    return "-" if x != x else f"{1e3 * x:.0f} ms" if x >= 0.01 else f"{1e3 * x:.1f} ms"
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
-def make_pool(common: dict[str, Any], **options: Any) -> Any:
-    from agentmem import MemoryPool
-
-    return MemoryPool(common["model"], n_threads=common["threads"], **options)
 
 
 def round_ctx(n: int) -> int:
@@ -668,10 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("agentmem").setLevel(logging.WARNING)
-    sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    bad = sorted(set(sections) - set(SECTIONS))
-    if bad:
-        ap.error(f"unknown section(s) {bad}; valid: {', '.join(SECTIONS)}")
+    sections = parse_sections(ap, args.only, SECTIONS)
     from agentmem.engine.context import llama_build_info
     from agentmem.model import resolve_model_path
 
@@ -679,12 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     common = {"model": model, "threads": args.threads}
     t0 = time.perf_counter()
     results: dict[str, Any] = {
-        "meta": {
-            "model": Path(model).name, "threads": args.threads, "quick": args.quick,
-            "python": platform.python_version(),
-            "llama": llama_build_info(), "cpu_count": os.cpu_count(), "load_at_start": load(),
-            "command": " ".join(["python", "benchmarks/sharing.py", *(argv if argv is not None else sys.argv[1:])]),
-        },
+        "meta": run_meta("sharing.py", model, args, argv, llama=llama_build_info()),
         "targets": TARGETS,
     }
     if "memory" in sections:

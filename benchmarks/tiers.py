@@ -54,9 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
-import platform
 import random
 import resource
 import shutil
@@ -69,6 +67,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._report import load, make_pool, mib, ms, run_meta, table  # noqa: E402
+from benchmarks._report import sections as parse_sections  # noqa: E402
 
 logger = logging.getLogger("benchmarks.tiers")
 
@@ -150,8 +151,6 @@ def build_history(pool: Any, agent: str, target_tokens: int, seed: int) -> list[
 
 
 # --------------------------------------------------------------------------- helpers
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def vm_status() -> dict[str, int]:
@@ -184,26 +183,12 @@ def pct(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
-def ms(x: float) -> str:
-    return "-" if math.isnan(x) else f"{1e3 * x:.0f} ms" if x >= 0.01 else f"{1e3 * x:.1f} ms"
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
-def make_pool(job: dict[str, Any], **options: Any) -> Any:
-    from agentmem import MemoryPool
-
-    return MemoryPool(job.get("model"), n_threads=job["threads"], **options)
 
 
 def instrument(pool: Any) -> dict[str, float]:
@@ -1039,26 +1024,14 @@ def main(argv: list[str] | None = None) -> int:
         # RSS high-water mark measures live state, not glibc's retained heap (its dynamic threshold grows
         # to the largest freed block, ~10 MB here, and keeps later frees of that size in the heap).
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
-    sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    bad = sorted(set(sections) - set(SECTIONS))
-    if bad:
-        ap.error(f"unknown section(s) {bad}; valid: {', '.join(SECTIONS)}")
+    sections = parse_sections(ap, args.only, SECTIONS)
     from agentmem.model import resolve_model_path
 
     model = str(resolve_model_path(args.model))
     common = {"model": model, "threads": args.threads}
     t0 = time.perf_counter()
     results: dict[str, Any] = {
-        "meta": {
-            "model": Path(model).name,
-            "threads": args.threads,
-            "quick": args.quick,
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "load_at_start": load(),
-            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
-            "command": " ".join(["python", "benchmarks/tiers.py", *(argv if argv is not None else sys.argv[1:])]),
-        },
+        "meta": run_meta("tiers.py", model, args, argv, malloc_mmap_threshold=os.environ.get("MALLOC_MMAP_THRESHOLD_")),
         "targets": TARGETS,
     }
     benches = {

@@ -147,8 +147,8 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     Stream (text pieces, then the :class:`~autogen_core.models.CreateResult`)::
 
-        async for item in client.create_stream(messages):
-            print(item if isinstance(item, str) else item.usage)
+        pieces = [item async for item in client.create_stream(messages)]
+        text, result = "".join(pieces[:-1]), pieces[-1]   # result.usage, result.cached
 
     Tools: ``tools`` are described in the system prompt and a call is the JSON
     ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` — the same text the

@@ -205,8 +205,8 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
     Stream (usage arrives on the last chunk):
         .. code-block:: python
 
-            for chunk in writer.stream("Write a haiku."):
-                print(chunk.content, end="")
+            pieces = [chunk.content for chunk in writer.stream("Write a haiku.")]
+            # the last chunk carries usage_metadata (input/output tokens, cache_read)
 
     Tools (calls are grammar-constrained when forced, so they always parse):
         .. code-block:: python

@@ -1,0 +1,63 @@
+"""Helpers the benchmark scripts share: machine load, units, plain-text tables, run metadata."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def load() -> list[float]:
+    """The 1/5/15-minute load averages, rounded (recorded next to every measurement)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{1e3 * x:.0f} ms" if x >= 0.01 else f"{1e3 * x:.1f} ms"
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A left-aligned text table with a dashed rule under the header."""
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def make_pool(cfg: dict[str, Any], **options: Any) -> Any:
+    """A MemoryPool on ``cfg["model"]`` with ``cfg["threads"]`` threads (imported late: workers fork first)."""
+    from agentmem import MemoryPool
+
+    return MemoryPool(cfg.get("model"), n_threads=cfg["threads"], **options)
+
+
+def sections(ap: argparse.ArgumentParser, only: str, valid: Sequence[str]) -> list[str]:
+    """The ``--only`` list, or an argparse error naming the unknown ones."""
+    chosen = [s.strip() for s in only.split(",") if s.strip()]
+    bad = sorted(set(chosen) - set(valid))
+    if bad:
+        ap.error(f"unknown section(s) {bad}; valid: {', '.join(valid)}")
+    return chosen
+
+
+def run_meta(script: str, model: str, args: argparse.Namespace, argv: list[str] | None, **extra: Any) -> dict[str, Any]:
+    """What a results file records about the run: model, threads, machine, load, the command."""
+    return {
+        "model": Path(model).name,
+        "threads": args.threads,
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_at_start": load(),
+        **extra,
+        "command": " ".join(["python", f"benchmarks/{script}", *(argv if argv is not None else sys.argv[1:])]),
+    }
