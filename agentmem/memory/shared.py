@@ -251,6 +251,50 @@ def split_state(
     return np.concatenate(parts), order
 
 
+def _runs(shared: np.ndarray, sh_src: np.ndarray) -> list[tuple[int, bool, int, int]] | None:
+    """The join's cell mapping as runs ``(dst, from_block, src, length)`` of consecutive cells.
+
+    Cells usually come in a few long runs (the prefix's cells, then the agent's
+    own): copying those as slices runs at memcpy speed, where a gather per cell
+    is several times slower. ``None`` when the mapping is too fragmented.
+    """
+    n = len(shared)
+    src = np.empty(n, dtype=np.int64)
+    src[shared] = sh_src
+    src[~shared] = np.arange(n - len(sh_src))
+    brk = np.flatnonzero((shared[1:] != shared[:-1]) | (src[1:] != src[:-1] + 1)) + 1
+    if len(brk) > 64:
+        return None
+    starts = np.concatenate(([0], brk))
+    ends = np.concatenate((brk, [n]))
+    return [(int(a), bool(shared[a]), int(src[a]), int(b - a)) for a, b in zip(starts, ends)]
+
+
+def _fill(dst: np.ndarray, brows: np.ndarray | None, prows: np.ndarray | None, shared: np.ndarray,
+          sh_src: np.ndarray, runs: list[tuple[int, bool, int, int]] | None, axis: int) -> None:
+    """Put block rows and private rows into ``dst`` along ``axis`` (0, or 1 for transposed V)."""
+    if runs is not None:
+        for a, from_block, s0, k in runs:
+            rows = brows if from_block else prows
+            if rows is None:
+                continue
+            if axis == 0:
+                dst[a : a + k] = rows[s0 : s0 + k]
+            else:
+                dst[:, a : a + k] = rows[:, s0 : s0 + k]
+        return
+    if axis == 0:
+        if brows is not None and shared.any():
+            dst[shared] = brows[sh_src]
+        if prows is not None and not shared.all():
+            dst[~shared] = prows
+    else:
+        if brows is not None and shared.any():
+            dst[:, shared] = brows[:, sh_src]
+        if prows is not None and not shared.all():
+            dst[:, ~shared] = prows
+
+
 def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Rebuild a member's blob from the shared block and its private part (see :func:`split_state`)."""
     block_blob = np.asarray(block_blob, dtype=np.uint8).reshape(-1)
@@ -308,15 +352,19 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
         o += 8
         if n == 0:
             continue
-        priv = ~shared
         sh_src = src[shared]
+        runs = _runs(shared, sh_src)
         stride = _cell_stride(ref)
         cells = out[o : o + n * stride].reshape(n, stride)
+        _fill(
+            cells,
+            block_blob[bs.cells_offset : bs.cells_offset + bs.cells_size].reshape(bs.n_cells, stride) if shared.any() else None,
+            private_blob[ps.cells_offset : ps.cells_offset + ps.cells_size].reshape(ps.n_cells, stride)
+            if not shared.all() else None,
+            shared, sh_src, runs, 0,
+        )
         if shared.any():
-            cells[shared] = block_blob[bs.cells_offset : bs.cells_offset + bs.cells_size].reshape(bs.n_cells, stride)[sh_src]
             cells[shared, stride - 4 :] = private_blob[4:8]  # the member's own seq id (llama.cpp ignores it on load)
-        if priv.any():
-            cells[priv] = private_blob[ps.cells_offset : ps.cells_offset + ps.cells_size].reshape(ps.n_cells, stride)
         o += n * stride
         tail = ref.k[0].header_offset - 8
         src_blob = private_blob if ref is ps else block_blob
@@ -328,20 +376,16 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
             h = rt.data_offset - rt.header_offset
             out[o : o + h] = src_blob[rt.header_offset : rt.data_offset]
             o += h
-            if rt.transposed:
-                dst = out[o : o + n * rt.n_embd * rt.row_size].reshape(rt.n_embd, n, rt.row_size)
-                if bt is not None and shared.any():
-                    dst[:, shared, :] = _rows(block_blob, bt)[:, sh_src, :]
-                if pt is not None and priv.any():
-                    dst[:, priv, :] = _rows(private_blob, pt)
-                o += n * rt.n_embd * rt.row_size
-            else:
-                dst = out[o : o + n * rt.row_size].reshape(n, rt.row_size)
-                if bt is not None and shared.any():
-                    dst[shared] = _rows(block_blob, bt)[sh_src]
-                if pt is not None and priv.any():
-                    dst[priv] = _rows(private_blob, pt)
-                o += n * rt.row_size
+            size = n * rt.n_embd * rt.row_size if rt.transposed else n * rt.row_size
+            dst = out[o : o + size]
+            dst = dst.reshape(rt.n_embd, n, rt.row_size) if rt.transposed else dst.reshape(n, rt.row_size)
+            _fill(
+                dst,
+                _rows(block_blob, bt) if bt is not None else None,
+                _rows(private_blob, pt) if pt is not None else None,
+                shared, sh_src, runs, 1 if rt.transposed else 0,
+            )
+            o += size
     assert o == total
     return out
 
