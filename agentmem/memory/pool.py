@@ -956,11 +956,7 @@ class MemoryPool:
         if tier == "cold" and a.block is not None:
             b = self._blocks.get(a.block)
             if b is not None:
-                a.seq, seq = None, a.seq  # trim sees a as archived (its sequence is released next)
-                try:
-                    self._block_trim(b)
-                finally:
-                    a.seq = seq
+                self._block_trim(b, archived=a)  # its sequence, if any, is released next
 
     def _drop_state(self, a: _Agent) -> None:
         """Forget ``a``'s stored state (its ledger is cleared: the next call prefills)."""
@@ -987,23 +983,16 @@ class MemoryPool:
                 continue
             t = self._tiers[tier]
 
-            def used(t: Tier = t, warm: bool = tier == "warm") -> int:
-                # shared blocks count where they are held: RAM for WARM, the archive for COLD
-                if warm:
-                    return t.total_bytes() + self._blocks.ram_bytes()
-                assert self._archive is not None
-                return t.total_bytes() + sum(b.n_bytes for b in self._archive.list_shared_blocks())
-
             high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
             if tier == "warm" and not urgent_only:
                 room = self._next_park_bytes()
                 high, low = min(high, budget - room), min(low, budget - room)
-            if used() <= (budget if urgent_only else high):
+            if self._tier_bytes(tier) <= (budget if urgent_only else high):
                 continue
             members = [self._agents[x] for x in t.agents() if x in self._agents and self._agents[x].tier == tier]
             order = self._placement.demotion_order([self._info(x) for x in members if not x.busy])
             for info in order:
-                if used() <= (cfg.watermark_low * budget if urgent_only else low):
+                if self._tier_bytes(tier) <= (cfg.watermark_low * budget if urgent_only else low):
                     break
                 x = self._agents[info.id]
                 if tier == "warm" and "cold" in self._tiers:
@@ -1014,6 +1003,14 @@ class MemoryPool:
                         logger.warning("demotion of %r to cold failed (%s); dropping its state", x.id, exc)
                 logger.info("%s budget exceeded: dropping the state of %r (it will re-prefill)", tier, x.id)
                 self._drop_state(x)
+
+    def _tier_bytes(self, tier: str) -> int:
+        """Bytes a tier holds, shared blocks included where they are kept (RAM / the archive)."""
+        n = self._tiers[tier].total_bytes()
+        if tier == "warm":
+            return n + self._blocks.ram_bytes()
+        assert self._archive is not None
+        return n + sum(b.n_bytes for b in self._archive.list_shared_blocks())
 
     def _next_park_bytes(self) -> int:
         """f16 bytes of the largest idle resident state: what the next switch may park (lock held)."""
@@ -1104,13 +1101,13 @@ class MemoryPool:
             if b is not None:
                 self._block_trim(b)
 
-    def _block_trim(self, b: KVBlock) -> None:
-        """Drop the RAM copy of a block when only archived agents need it."""
+    def _block_trim(self, b: KVBlock, *, archived: _Agent | None = None) -> None:
+        """Drop the RAM copy of a block when only archived agents (and ``archived``) need it."""
         if b.data is None or self._archive is None:
             return
         for x in b.refs:
             m = self._agents.get(x)
-            if m is not None and (m.seq is not None or m.tier != "cold"):
+            if m is not None and m is not archived and (m.seq is not None or m.tier != "cold"):
                 return
         if self._archive.has_shared_block(b.id):
             b.data = None
