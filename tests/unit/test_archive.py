@@ -533,3 +533,21 @@ def test_sqlite_errors_become_archive_errors(arc: Archive) -> None:
     with pytest.raises(ArchiveError, match=r"agents\.db: log_event failed: no such table"):
         arc.log_event("a", "x")
     assert isinstance(ArchiveError("x"), AgentMemError)
+
+
+def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None:
+    from agentmem.errors import ArchiveError
+
+    with Archive(":memory:") as a:
+        a.put_state("x", b"old", codec="f16", n_tokens=1, fingerprint={})
+        with pytest.raises(ArchiveError, match="no shared block 'nope'"):
+            a.put_state("x", b"new", codec="f16", n_tokens=2, fingerprint={}, block_id="nope", layout=b"\0" * 4)
+        assert a.get_state("x").blob == b"old"
+        with pytest.raises(ArchiveError, match="no stored state to checkpoint"):
+            a.put_checkpoint("ghost", b"c", prompt_end=(1, 1))
+        a.put_shared_block("blk", b"kv", n_tokens=3, fingerprint={})
+        a.put_state("x", b"new", codec="f16", n_tokens=2, fingerprint={}, block_id="blk", layout=b"\0" * 4)
+        a.put_checkpoint("x", b"ck", prompt_end=(2, 2))
+        assert a.list_shared_blocks()[0].refcount == 1 and a.get_checkpoint("x")[2] == (2, 2)
+        a.put_state("x", b"plain", codec="f16", n_tokens=2, fingerprint={})  # no block, no checkpoint any more
+        assert a.list_shared_blocks() == [] and a.get_checkpoint("x") is None
