@@ -28,7 +28,7 @@ from agentmem.errors import (
     StateError,
     UnknownAgentError,
 )
-from agentmem.memory.pool import ChatResult, ChatStream, MemoryPool, Timings, Usage
+from agentmem.pool import ChatResult, ChatStream, MemoryPool, Timings, Usage
 from agentmem.model import resolve_model_path
 
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ baseline measured in the same run:
    ``park_codec="q8_0"`` and frequent agents ``normal``, so they park q8_0 in
    RAM instead of spilling f16 states to disk). Reports p50/p99 TTFT per class,
    where each call found its agent, re-prefills, the memory layer's time inside
-   calls (restores, parking, demotions — the pool's ``_move`` is timed), peak RSS
+   calls (restores, parking, demotions — the pool's mover is timed), peak RSS
    and the largest WARM bytes seen after any call vs the budget. Target:
    frequent agents' p99 within 1.2x of the unlimited run; WARM bytes never above
    the budget. Workers run with ``MALLOC_MMAP_THRESHOLD_=131072`` so freed KV
@@ -194,23 +194,31 @@ def pct(xs: list[float], q: float) -> float:
 def instrument(pool: Any) -> dict[str, float]:
     """Accumulate seconds spent in the pool's tier moves, by destination (diagnostics only).
 
-    Wraps the private ``MemoryPool._move`` when it exists: ``hot`` = restores,
-    ``warm`` = parking a live agent, ``cold`` = demotions to the archive. These
-    run inside the call that needs a sequence, so they are part of its TTFT.
+    Wraps the private tier moves of the pool's mover when they exist: ``hot`` =
+    restores, ``warm`` = parking a live agent, ``cold`` = demotions to the archive.
+    These run inside the call that needs a sequence, so they are part of its TTFT.
     """
     acc = {"hot": 0.0, "warm": 0.0, "cold": 0.0}
-    orig = getattr(pool, "_move", None)
-    if orig is None:
+    mover = getattr(pool, "_mover", None)
+    if mover is None:
         return acc
 
-    def timed(agent: Any, dst: str, *a: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return orig(agent, dst, *a, **kw)
-        finally:
-            acc[dst] = acc.get(dst, 0.0) + time.perf_counter() - t
+    def wrap(name: str, dst_of: Any) -> None:
+        orig = getattr(mover, name)
 
-    pool._move = timed
+        def timed(agent: Any, *a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return orig(agent, *a, **kw)
+            finally:
+                dst = dst_of(a)
+                acc[dst] = acc.get(dst, 0.0) + time.perf_counter() - t
+
+        setattr(mover, name, timed)
+
+    wrap("restore", lambda a: "hot")
+    wrap("park", lambda a: a[0])
+    wrap("demote", lambda a: a[0])
     return acc
 
 

@@ -27,7 +27,7 @@ def test_budget_respected_and_kv_matches_ledger(tiny_model_path, policy):
         assert st["evictions"] >= 1 and st["evicted_tokens"] > 0
         assert st["live_tokens"] <= 256
         assert st["tokens"] == r.usage.prompt_tokens + r.usage.completion_tokens - (r.finish_reason == "length")
-        seq = p._agents["a"].seq
+        seq = p._core.agents["a"].seq
         # positions stay contiguous: the KV ends exactly at the ledger's live count
         assert p.ctx.seq_pos_max(seq) == st["live_tokens"] - 1
         assert p.ctx.seq_pos_min(seq) == 0
@@ -41,7 +41,7 @@ def test_pinned_messages_are_never_evicted(tiny_model_path):
     with MemoryPool(tiny_model_path, n_ctx=2048, resident_agents=1, n_batch=64, prefetch=False,
                     agent_budget_tokens=200, eviction="sliding_window") as p:
         p.chat("a", long_conv(20, pin_first=True), max_tokens=2)
-        led = p._agents["a"].ledger
+        led = p._core.agents["a"].ledger
         assert led.live[led.pinned].all() and led.pinned.any()
 
 

@@ -184,7 +184,7 @@ def test_failed_restore_falls_back_to_prefill(tiny_model_path, caplog):
     with MemoryPool(tiny_model_path, n_ctx=1024, resident_agents=1, n_batch=64) as p:
         ref = p.chat("a", msgs, max_tokens=6)
         p.chat("b", conv("other"), max_tokens=2)  # parks a
-        warm = p._tiers["warm"]
+        warm = p._core.tiers["warm"]
         parked = warm.get("a")
         bad = parked.data.copy()
         bad[40:] = 0xFF  # corrupt the blob

@@ -1,0 +1,26 @@
+"""The pool: many agents on one llama.cpp context, and the collaborators that run one call.
+
+* `facade` — `MemoryPool`: the public API, validation, wiring, close and checkpoints.
+* `turn` — one call as named phases: admit → place → reconcile → share → prefill → generate → finish.
+* `decoder` — chunked prefill, and batched decode steps of concurrent agents.
+* `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.
+* `mover` — park / restore / demote / drop / forget across tiers; the `make_resident` door.
+* `swa` — every sliding-window rule in one object (`SlidingWindow`), with a no-op twin (`NoWindow`).
+* `blocks` — agents' references to shared KV blocks and where a block's bytes are kept.
+* `sharing` — prefix donors, copying cells between sequences, handoffs, privatizing shared cells.
+* `trimming` — runs the eviction policy on an agent, shifts cells, writes recall rows.
+* `persist` — archive sync (ledger + state in one transaction) and resume on open.
+* `budgets` — WARM/COLD byte budgets with watermarks.
+* `prefetch` — the after-call worker: rebalance, restore the predicted next agent.
+* `state` — the agent record (`AgentState`) with its invariants, counters, and the shared `PoolCore`.
+* `stats` — `MemoryPool.stats()`.
+* `results` — `Usage`, `Timings`, `ChatResult`, `ChatStream`.
+"""
+
+from __future__ import annotations
+
+from agentmem.memory.shared import HandoffCard
+from agentmem.pool.facade import MemoryPool
+from agentmem.pool.results import ChatResult, ChatStream, Timings, Usage
+
+__all__ = ["ChatResult", "ChatStream", "HandoffCard", "MemoryPool", "Timings", "Usage"]

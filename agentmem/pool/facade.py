@@ -1,0 +1,489 @@
+"""MemoryPool: many agents, one model, one llama.cpp context, no re-prefill on switch.
+
+`MemoryPool` is the public face of the pool: it validates input, wires the
+collaborators that run a call (see `agentmem.pool`), and offers the sync,
+streaming and async calls, the agent operations (park, forget, pin, budgets,
+share, handoff, recall), checkpoints and `close`.
+
+Thread-safety: every context operation runs under one re-entrant lock; an agent
+that is generating is *busy* and is never parked under its feet. Async methods
+run the blocking work in worker threads so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
+
+from agentmem.config import PoolConfig
+from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
+from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
+from agentmem.engine.sampling import SamplingParams
+from agentmem.errors import AgentMemError, ConfigError
+from agentmem.memory.archive import Archive, EvictedSpan
+from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
+from agentmem.memory.tiers import build_tiers
+from agentmem.model import model_fingerprint, resolve_model_path
+from agentmem.policy.placement import get_policy, priority_weight
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.budgets import Budgets
+from agentmem.pool.decoder import Decoder
+from agentmem.pool.mover import Mover
+from agentmem.pool.persist import Persister
+from agentmem.pool.prefetch import Prefetcher
+from agentmem.pool.residency import Residency
+from agentmem.pool.results import ChatResult, ChatStream, drive_async
+from agentmem.pool.sharing import Sharing
+from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.stats import pool_stats
+from agentmem.pool.swa import window_rules
+from agentmem.pool.trimming import Trimmer
+from agentmem.pool.turn import TurnRunner
+
+__all__ = ["MemoryPool"]
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
+
+
+class MemoryPool:
+    """Keeps every agent's KV state across one shared llama.cpp context.
+
+    At most `resident_agents` agents are *hot* (a live sequence). When another
+    agent needs a sequence, the placement policy picks an idle one to *park*: its
+    KV state is copied out to the WARM tier (RAM, optionally quantized) and
+    restored — milliseconds — when it is called again. With `archive_path` a COLD
+    tier (SQLite) takes states that overflow the RAM budget and makes agents
+    durable across restarts. A predictor restores the likely next agent ahead of
+    its call. Each call decodes only what the agent's KV does not already hold;
+    with a token budget the eviction policy trims the agent and archives the
+    evicted text for recall.
+
+    Args:
+        model_path: a GGUF file; `None` uses `AGENTMEM_MODEL` or the bundled
+            default model (Gemma 3 270M Q4_K_M).
+        config: a `PoolConfig`; keyword arguments override its fields
+            (`n_ctx`, `resident_agents`, `park_codec`, `archive_path`,
+            `agent_budget_tokens`, ... — see `PoolConfig`).
+
+    Example:
+        Real output on the default model, 2 CPU cores:
+
+        >>> from agentmem import MemoryPool
+        >>> with MemoryPool(n_ctx=4096, resident_agents=2) as pool:   # doctest: +SKIP
+        ...     msgs = [{"role": "user", "content": "Name a colour."}]
+        ...     r = pool.chat("planner", msgs, max_tokens=8)
+        ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
+        ...     msgs += [{"role": "assistant", "content": r.text}, {"role": "user", "content": "Another."}]
+        ...     r = pool.chat("planner", msgs, max_tokens=8)
+        ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
+        prefilled 11 0
+        reused 27 18
+    """
+
+    def __init__(self, model_path: str | None = None, *, config: PoolConfig | None = None, **options: Any) -> None:
+        base = config or PoolConfig()
+        if model_path is not None:
+            options["model_path"] = str(model_path)
+        self.config = base.replace(**options) if options else base
+        cfg = self.config
+        self._closed = True  # until fully built, close() is a no-op
+        self.model_path = resolve_model_path(cfg.model_path)
+        # validate names before loading anything heavy
+        placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
+                               **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
+        if cfg.agent_budget_tokens:
+            PoolCore.eviction_policy(cfg.eviction)
+        self.model = LlamaModel(self.model_path, n_gpu_layers=cfg.n_gpu_layers)
+        archive: Archive | None = None
+        try:
+            self.ctx = LlamaContext(
+                self.model,
+                ContextParams(
+                    n_ctx=cfg.n_ctx,
+                    n_seq_max=cfg.resident_agents,
+                    n_batch=cfg.n_batch,
+                    n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
+                    n_threads=cfg.n_threads,
+                    flash_attn=cfg.flash_attn,
+                    type_k=cfg.type_k,
+                    type_v=cfg.type_v,
+                    swa_full=cfg.swa_full,
+                    kv_unified=True,
+                ),
+            )
+            self.renderer = ChatRenderer(self.model, cfg.chat_format)
+            self.fingerprint = {
+                "model": model_fingerprint(self.model_path),
+                "type_k": cfg.type_k,
+                "type_v": cfg.type_v,
+                "flash_attn": cfg.flash_attn,
+                "swa_full": cfg.swa_full,
+                "n_seq_max": cfg.resident_agents,
+                "kv_unified": True,
+                "llama": llama_build_info(),
+            }
+            if cfg.archive_path:
+                archive = Archive(cfg.archive_path)
+            tiers = build_tiers(archive=archive, fingerprint=self.fingerprint)
+            # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
+            recall_store = archive or Archive(":memory:")
+        except BaseException:
+            if archive is not None:
+                archive.close()
+            if hasattr(self, "ctx"):
+                self.ctx.close()
+            self.model.close()
+            raise
+        self.capacity = min(cfg.agent_capacity or cfg.n_ctx, self.ctx.n_ctx_seq)
+        self._core = core = PoolCore(
+            config=cfg, model=self.model, ctx=self.ctx, tiers=tiers, archive=archive, recall_store=recall_store,
+            placement=placement, fingerprint=self.fingerprint, capacity=self.capacity,
+        )
+        for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+            core.codec(spec)
+        self._wire(core)
+        self._closed = False
+        if archive is not None:
+            with core.lock:
+                self._persist.resume()
+        # async calls wait on the pool most of the time: give them enough threads that
+        # every resident agent can be in a decode batch (asyncio's default pool has cpu+4)
+        self._executor = ThreadPoolExecutor(max_workers=max(32, 4 * cfg.resident_agents), thread_name_prefix="agentmem")
+        self._prefetcher = Prefetcher(
+            core,
+            rebalance=self._budgets.rebalance,
+            restore=lambda a: self._mover.make_resident(a, prefetch=True).how == "restored",
+            enabled=cfg.prefetch and cfg.resident_agents > 1,
+        )
+        logger.info(
+            "pool ready: %s, n_ctx=%d, resident_agents=%d, park_codec=%s, archive=%s",
+            self.model_path.name, self.ctx.n_ctx, cfg.resident_agents, cfg.park_codec, cfg.archive_path,
+        )
+
+    def _wire(self, core: PoolCore) -> None:
+        """Build the collaborators of a call; lower ones get callables, not references upward."""
+        swa = window_rules(self.ctx, self.model.n_swa)
+        self._blocks = BlockRefs(core)
+        self._persist = Persister(core, self._blocks)
+        self._residency = Residency(core, park=self._park_victim)
+        self._mover = Mover(core, self._residency, self._blocks, self._persist, swa)
+        self._budgets = Budgets(core, self._mover)
+        self._sharing = Sharing(core, self._residency, self._mover, self._blocks, swa)
+        self._decoder = Decoder(core, self._residency, Trimmer(core, self._blocks, self._sharing))
+        self._turns = TurnRunner(
+            core, mover=self._mover, sharing=self._sharing, blocks=self._blocks, decoder=self._decoder, swa=swa,
+            after_call=lambda agent_id: self._prefetcher.after_call(agent_id),
+        )
+
+    def _park_victim(self, victim: AgentState) -> None:
+        """Park an idle resident agent into WARM to free its sequence or cells."""
+        self._mover.park(victim, "warm")
+        self._budgets.rebalance(urgent_only=True)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Persist agents to the archive (if any), then free everything (idempotent)."""
+        if self._closed:
+            return
+        core = self._core
+        try:
+            self._prefetcher.stop()
+            if core.archive is not None:
+                try:
+                    self._mover.save_all(final=True)
+                except AgentMemError as exc:
+                    logger.error("could not save agents to %s on close: %s", self.config.archive_path, exc)
+        finally:
+            self._closed = core.closed = True
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            if core.archive is not None:
+                core.archive.close()
+            if core.recall_store is not core.archive:
+                core.recall_store.close()
+            self.ctx.close()
+            self.model.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after `close`."""
+        return self._closed
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AgentMemError("the pool is closed")
+
+    @property
+    def batch_wait_s(self) -> float:
+        """How long a decode-batch leader waits for other generating agents to join (seconds)."""
+        return self._decoder.batch_wait_s
+
+    @batch_wait_s.setter
+    def batch_wait_s(self, seconds: float) -> None:
+        self._decoder.batch_wait_s = seconds
+
+    # ------------------------------------------------------------------ calls
+    def chat(
+        self,
+        agent_id: str,
+        messages: Iterable[Mapping[str, Any] | Message],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> ChatResult:
+        """Continue `agent_id`'s conversation and return the reply.
+
+        `messages` is the agent's *whole* history (as frameworks send it); only
+        the part after what its KV already holds is decoded. Extra sampling
+        options: `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
+        `grammar` (GBNF).
+
+        Raises:
+            MessageError: a malformed message (the error names the field).
+            ContextOverflowError: the prompt does not fit `capacity` (and the
+                agent has no token budget to evict down to).
+        """
+        return self.chat_stream(
+            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+        ).drain()
+
+    def chat_stream(
+        self,
+        agent_id: str,
+        messages: Iterable[Mapping[str, Any] | Message],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> ChatStream:
+        """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
+
+        Validation happens here (before the first `next`), so bad input fails fast.
+        """
+        params = self._params(max_tokens, temperature, stop, sampling)
+        self._check_agent_id(agent_id)
+        msgs = list(messages) if not isinstance(messages, (str, bytes)) else messages
+        prompt = self.renderer.render(msgs)
+        return ChatStream(self._turns.run(agent_id, prompt, params, n_messages=len(msgs)))
+
+    def complete(
+        self,
+        agent_id: str,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> ChatResult:
+        """Raw completion of `prompt` (no chat template) in `agent_id`'s context."""
+        return self.complete_stream(
+            agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+        ).drain()
+
+    def complete_stream(
+        self,
+        agent_id: str,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> ChatStream:
+        """Streaming `complete`."""
+        params = self._params(max_tokens, temperature, stop, sampling)
+        self._check_agent_id(agent_id)
+        return ChatStream(self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1))
+
+    async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
+        """Async `chat` (runs in a worker thread; never blocks the event loop)."""
+        msgs = list(messages)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.chat(agent_id, msgs, **kw))
+
+    async def acomplete(self, agent_id: str, prompt: str, **kw: Any) -> ChatResult:
+        """Async `complete`."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.complete(agent_id, prompt, **kw))
+
+    async def achat_stream(
+        self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any
+    ) -> AsyncIterator[str | ChatResult]:
+        """Async streaming: yields text pieces, then the final `ChatResult`."""
+        stream = self.chat_stream(agent_id, list(messages), **kw)
+        async for item in drive_async(stream):
+            yield item
+
+    async def acomplete_stream(self, agent_id: str, prompt: str, **kw: Any) -> AsyncIterator[str | ChatResult]:
+        """Async streaming completion: text pieces, then the `ChatResult`."""
+        stream = self.complete_stream(agent_id, prompt, **kw)
+        async for item in drive_async(stream):
+            yield item
+
+    # ------------------------------------------------------------------ agents
+    def stats(self) -> dict[str, Any]:
+        """Where every agent's KV lives and what the pool did.
+
+        `{"agents": {id: {"tokens", "live_tokens", "tier", "bytes", "codec",
+        "seq", "priority", "regions", "evicted_regions", counters...}},
+        "tiers": {"hot"|"warm"|"cold": {"agents", "bytes", "hits"}},
+        "totals": {...}, "shared": {"blocks", "ram_bytes", "archive_bytes",
+        "parked_bytes_saved"}}`. `tier` is `"hot"` (live sequence), `"warm"`
+        (RAM), `"cold"` (archive) or `"empty"`; `bytes` is what the state
+        occupies there (for an agent with a shared `block`: its private cells;
+        the block's bytes are under `"shared"`, counted once).
+        """
+        self._check_open()
+        with self._core.lock:
+            return pool_stats(self._core)
+
+    def agents(self) -> list[str]:
+        """Ids of the agents the pool knows."""
+        with self._core.lock:
+            return list(self._core.agents)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
+        core = self._core
+        with core.lock:
+            a = core.agent(agent_id)
+            if a.busy:
+                raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
+            self._mover.forget(a)
+
+    def park(self, agent_id: str, tier: str = "warm") -> None:
+        """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
+        core = self._core
+        with core.lock:
+            a = core.agent(agent_id)
+            if a.busy:
+                raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
+            if tier not in core.tiers:
+                raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path)")
+            current = core.where(a)[0]
+            if current != "empty" and current != tier:
+                self._mover.move(a, tier)
+            self._budgets.rebalance()
+
+    def set_priority(self, agent_id: str, priority: int | str) -> None:
+        """`"foreground"`, `"normal"`, `"background"` or an int weight (creates the agent if new)."""
+        w = priority_weight(priority)
+        self._check_agent_id(agent_id)
+        with self._core.lock:
+            self._core.agents.setdefault(agent_id, AgentState(agent_id)).priority = w
+
+    def set_budget(self, agent_id: str, tokens: int, eviction: str | None = None) -> None:
+        """Give `agent_id` its own live-token budget (`0` = pool default) and eviction policy."""
+        if not isinstance(tokens, int) or tokens < 0 or tokens > self.capacity:
+            raise ConfigError(f"budget must be an int in [0, {self.capacity}], got {tokens!r}")
+        if eviction is not None:
+            PoolCore.eviction_policy(eviction)
+        self._check_agent_id(agent_id)
+        with self._core.lock:
+            a = self._core.agents.setdefault(agent_id, AgentState(agent_id))
+            a.budget = tokens
+            a.eviction = eviction or ""
+
+    def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:
+        """Pin (never evict) the tokens of message `message_index` of `agent_id`; returns their count."""
+        with self._core.lock:
+            return self._core.agent(agent_id).ledger.set_pinned(message_index, pinned)
+
+    def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
+        """Declare a shared prefix (team brief, task, document); returns its token count.
+
+        The messages are decoded once (as agent `"share:<name>"`); any agent whose
+        prompt starts with the same rendered tokens gets those cells without
+        recompute: tagged in the live cache (`seq_cp`) or restored from the
+        parked share. Undeclared common prefixes between agents are found too.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"share name must be a non-empty string, got {name!r}")
+        msgs = list(messages)
+        # Render with a following user turn and keep what precedes it: that is exactly
+        # the prefix agents' prompts (shared messages + their own turns) start with.
+        rendered = self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}])
+        spans = [sp for sp in rendered.spans if 0 <= sp.message < len(msgs) or (sp.message == -1 and sp.start == 0)]
+        end = spans[-1].end if spans else 0
+        if end < 1:
+            raise ConfigError(f"share {name!r} renders to no tokens")
+        prefix = RenderedPrompt(rendered.tokens[:end], spans)
+        ChatStream(self._turns.run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs))).drain()
+        core = self._core
+        with core.lock:
+            sh = core.agents.get(SHARE_PREFIX + name)
+            if sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end:
+                b = self._blocks.of(sh)
+                if b is None or b.n_tokens != end:
+                    self._blocks.join(sh, self._blocks.new(sh))
+        return end
+
+    def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
+        """Start `dst`'s context as `src`'s (its first `upto` history tokens), without recompute.
+
+        A live source's cells are shared with the destination (`seq_cp`); a
+        parked source's state is restored into the destination's sequence. The
+        destination then diverges copy-on-write; the source is unaffected.
+        """
+        self._check_agent_id(dst)
+        if src == dst:
+            raise ConfigError("handoff needs two different agents")
+        with self._core.lock:
+            return self._sharing.handoff(src, dst, upto)
+
+    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
+        """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
+        if not isinstance(query, str):
+            raise ConfigError(f"query must be a string, got {type(query).__name__}")
+        core = self._core
+        res = core.recall_store.search_evicted(agent_id, query, k)
+        with core.lock:
+            core.totals["recalls"] += 1
+            core.totals["recall_hits"] += bool(res)
+        return res
+
+    def tokens(self, agent_id: str) -> list[int]:
+        """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""
+        with self._core.lock:
+            return self._core.agent(agent_id).ledger.live_tokens().tolist()
+
+    def history_tokens(self, agent_id: str) -> list[int]:
+        """Every token of `agent_id`'s history, evicted ones included."""
+        with self._core.lock:
+            return self._core.agent(agent_id).ledger.tokens.tolist()
+
+    def count_tokens(self, messages: Iterable[Mapping[str, Any] | Message]) -> int:
+        """Prompt tokens the messages render to (chat template included)."""
+        return len(self.renderer.render(messages))
+
+    # ------------------------------------------------------------------ durability
+    def checkpoint(self) -> None:
+        """Write every agent's ledger and state to the archive (hot ones stay hot)."""
+        if self._core.archive is None:
+            raise ConfigError("checkpoint() needs archive_path")
+        self._mover.save_all(final=False)
+
+    # ------------------------------------------------------------------ validation
+    def _params(self, max_tokens: int, temperature: float, stop: Any, extra: Mapping[str, Any]) -> SamplingParams:
+        unknown = set(extra) - _SAMPLING_OPTIONS
+        if unknown:
+            raise ConfigError(f"unknown sampling option(s) {sorted(unknown)}; valid: {sorted(_SAMPLING_OPTIONS)}")
+        kw = dict(extra)
+        kw.setdefault("seed", self.config.seed)
+        return SamplingParams.make(max_tokens=max_tokens, temperature=temperature, stop=stop, **kw)
+
+    @staticmethod
+    def _check_agent_id(agent_id: Any) -> None:
+        if not isinstance(agent_id, str) or not agent_id:
+            raise ConfigError(f"agent_id must be a non-empty string, got {agent_id!r}")

@@ -1,0 +1,299 @@
+"""Moving an agent's KV state between tiers: park, restore, demote, drop — one method each.
+
+`Mover` is the only code that takes a state out of a sequence or puts one in.
+`make_resident` is the one door a call goes through to get its agent a sequence
+with its state loaded; it returns a small `Placement` and falls back to a
+re-prefill when a stored state is unusable. A restore of a state cut at a shared
+block links the block's cells from a live member when it can (no copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentmem.errors import AgentMemError, FingerprintMismatch, StateError
+from agentmem.memory.parking import ParkedState
+from agentmem.memory.shared import join_state
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.persist import Persister
+from agentmem.pool.residency import Residency
+from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.swa import NoWindow
+
+__all__ = ["Mover", "Placement"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """How `Mover.make_resident` found an agent.
+
+    Attributes:
+        how: `"reused"` (it was resident), `"restored"` (its parked state was
+            loaded), `"fresh"` (nothing usable was stored: the call prefills), or
+            `"busy"` (a prefetch found no sequence it may take).
+        source: the tier a restore came from (`"warm"`/`"cold"`), else `None`.
+    """
+
+    how: str
+    source: str | None = None
+
+
+class Mover:
+    """Transitions of agents' states between HOT, WARM and COLD (lock held)."""
+
+    def __init__(self, core: PoolCore, residency: Residency, blocks: BlockRefs, persist: Persister, swa: NoWindow) -> None:
+        self.core = core
+        self.residency = residency
+        self.blocks = blocks
+        self.persist = persist
+        self.swa = swa
+
+    # ------------------------------------------------------------------ the door
+    def make_resident(self, a: AgentState, *, prefetch: bool = False) -> Placement:
+        """Give `a` a sequence and load its parked state into it.
+
+        A failed restore empties the sequence and drops the stored state: the
+        caller re-prefills from the messages (`how="fresh"`).
+        """
+        got = self.residency.acquire(a, prefetch=prefetch)
+        if got != "assigned":
+            return Placement(got)
+        if a.tier not in self.core.tiers:
+            return Placement("fresh")
+        src = a.tier
+        try:
+            self.restore(a)
+        except AgentMemError as exc:
+            self._restore_failed(a, src, exc)
+            return Placement("fresh")
+        core = self.core
+        core.tier_hits[src] += 1
+        a.counters["restores"] += 1
+        core.totals["restores"] += 1
+        return Placement("restored", src)
+
+    def _restore_failed(self, a: AgentState, src: str, exc: AgentMemError) -> None:
+        core = self.core
+        assert a.seq is not None
+        logger.warning("restore of agent %r from %s failed (%s); falling back to re-prefill", a.id, src, exc)
+        core.ctx.seq_rm(a.seq)
+        lost = a.ledger.n_live
+        self.drop(a)
+        a.counters["restore_failures"] += 1
+        core.totals["restore_failures"] += 1
+        if isinstance(exc, FingerprintMismatch) and lost:
+            logger.warning("agent %r: re-prefilling %d tokens from the stored ledger", a.id, lost)
+
+    # ------------------------------------------------------------------ transitions
+    def move(self, a: AgentState, dst: str) -> None:
+        """Park a resident `a` into `dst`, or demote its parked state to `dst`."""
+        if a.seq is not None:
+            self.park(a, dst)
+        else:
+            self.demote(a, dst)
+
+    def park(self, a: AgentState, dst: str) -> None:
+        """Take resident `a`'s state out of its sequence into tier `dst` and free the sequence."""
+        core = self.core
+        assert a.seq is not None, f"{a.id=}"
+        codec = core.placement.codec_for(core.info(a), dst)
+        if a.ledger.n_live:
+            state = self.capture(a, codec)
+            a.swa_ckpt = None
+            ckpt = self.swa.capture(a)
+            if ckpt is not None:
+                state = dataclasses.replace(state, swa_ckpt=ckpt[0], swa_order=ckpt[1])
+            self._store(a, dst, state)
+        else:
+            self.blocks.leave(a)
+        core.ctx.seq_rm(a.seq)
+        a.shared_upto = 0
+        self.residency.release(a)
+        a.counters["parks"] += 1
+        core.totals["parks"] += 1
+
+    def restore(self, a: AgentState) -> None:
+        """Load `a`'s parked state into its (assigned, empty) sequence.
+
+        Raises:
+            StateError: the stored state is missing or unusable (the caller falls
+                back to re-prefill).
+        """
+        core = self.core
+        assert a.seq is not None, f"{a.id=}"
+        src = a.tier
+        stored = core.tiers[src].get(a.id) if src in core.tiers else None
+        if stored is None:
+            raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+        a.shared_upto = 0
+        if not (stored.block is not None and self._restore_linked(a, stored)):
+            blob = self.unpark_blob(stored)
+            seq = a.seq
+            # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
+            # for the latter, park idle agents and try again before giving up
+            if not self.residency.fit(a, lambda: core.ctx.state_set(seq, blob) != 0):
+                raise StateError("llama_state_seq_set_data rejected the blob")
+        pos_max = core.ctx.seq_pos_max(a.seq)
+        if pos_max != a.ledger.n_live - 1:
+            raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
+        a.swa_ckpt = stored.swa_ckpt
+        if stored.swa_ckpt is not None and stored.swa_order is not None:
+            a.swa_ckpt = (stored.swa_ckpt, stored.swa_order)  # joined only if used (see swa.py)
+        if src == "warm":
+            core.tiers["warm"].delete(a.id)
+        a.tier = "empty"
+
+    def demote(self, a: AgentState, dst: str) -> None:
+        """Move parked `a`'s state from its tier to `dst`, transcoding to `dst`'s codec."""
+        core = self.core
+        src = a.tier
+        codec = core.placement.codec_for(core.info(a), dst)
+        stored = core.tiers[src].get(a.id) if src in core.tiers else None
+        if stored is None:
+            raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+        if stored.codec != codec:  # transcode through f16 (a cut state stays cut)
+            blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+            stored = dataclasses.replace(
+                core.codec(codec).encode(blob, n_tokens=stored.n_tokens),
+                block=stored.block, order=stored.order, swa_ckpt=stored.swa_ckpt, swa_order=stored.swa_order,
+            )
+        self._store(a, dst, stored)
+        if src == "warm":
+            core.tiers["warm"].delete(a.id)
+        a.counters["demotions"] += 1
+        core.totals["demotions"] += 1
+
+    def drop(self, a: AgentState) -> None:
+        """Forget `a`'s stored state (its ledger is cleared: the next call prefills)."""
+        for t in self.core.tiers.values():
+            t.delete(a.id)
+        a.tier = "empty"
+        a.ledger.clear()
+        self.blocks.leave(a)
+        self.core.totals["drops"] += 1
+
+    def _store(self, a: AgentState, tier: str, state: ParkedState) -> None:
+        if tier == "cold":
+            self.persist.write(a, state)
+        else:
+            self.core.tiers[tier].put(a.id, state)
+        a.tier = tier
+        if tier == "cold":
+            b = self.blocks.of(a)
+            if b is not None:
+                self.blocks.trim(b, archived=a)  # its sequence, if any, is released next
+
+    # ------------------------------------------------------------------ blobs
+    def capture(self, a: AgentState, codec: str) -> ParkedState:
+        """`a`'s live state, encoded with `codec`; only its private cells when it has a block."""
+        core = self.core
+        assert a.seq is not None, f"{a.id=}"
+        blob, order = self.blocks.split(a, core.ctx.state_get(a.seq))
+        state = core.codec(codec).encode(blob, n_tokens=a.ledger.n_live)
+        if order is None:
+            self.blocks.leave(a)
+            return state
+        return dataclasses.replace(state, block=a.block, order=order)
+
+    def unpark_blob(self, stored: ParkedState) -> np.ndarray:
+        """The f16 blob of a stored state, joined with its shared block."""
+        core = self.core
+        blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+        if stored.block is None:
+            return blob
+        b = core.blocks.get(stored.block)
+        if b is None or stored.order is None:
+            raise StateError(f"shared block {stored.block!r} of a parked state is gone")
+        return join_state(self.blocks.data(b), blob, stored.order)
+
+    def _restore_linked(self, a: AgentState, stored: ParkedState) -> bool:
+        """Restore a cut state with its block's cells *shared* from a live member.
+
+        The private cells are loaded, then `seq_cp` tags the live member's prefix
+        cells for `a` too: no join, no copy of the prefix, and the live cache keeps
+        the prefix once. Sliding-window cells a live member no longer holds (llama.cpp
+        reuses them once they fall out of that member's window) would be missing, so
+        they are checked; on any shortfall `a`'s sequence is emptied and `False`
+        returned (the caller restores the joined blob instead).
+        """
+        core = self.core
+        assert a.seq is not None and stored.block is not None and stored.order is not None
+        b = core.blocks.get(stored.block)
+        if b is None or b.data is None:
+            return False
+        live = [x for x in (core.agents.get(r) for r in b.refs if r != a.id)
+                if x is not None and x.seq is not None and x.block == b.id]
+        if not live:
+            return False
+        m = self.swa.nearest_member(live)
+        assert m.seq is not None
+        private = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+        order = stored.order
+        n_sec = int(order[0])
+        n_private = int(np.count_nonzero(order[1 + n_sec :] < 0))
+        seq = a.seq
+        m.busy += 1  # making room must not park the member whose cells are linked
+        try:
+            if n_private:
+                if not self.residency.fit(a, lambda: core.ctx.state_set(seq, private) != 0):
+                    core.ctx.seq_rm(seq)
+                    return False
+            else:
+                core.ctx.seq_rm(seq)
+            core.ctx.seq_cp(m.seq, seq, 0, b.n_tokens)
+            if not self.swa.linked_complete(seq, order, private):
+                logger.debug("agent %r: member %r no longer holds the window's cells; joining instead", a.id, m.id)
+                core.ctx.seq_rm(seq)
+                return False
+        finally:
+            m.busy -= 1
+        a.shared_upto = b.n_tokens
+        m.shared_upto = max(m.shared_upto, b.n_tokens)
+        core.totals["linked_restores"] += 1
+        return True
+
+    # ------------------------------------------------------------------ whole agents
+    def forget(self, a: AgentState) -> None:
+        """Drop everything kept for idle `a`: sequence, parked states, archive rows, block, record."""
+        core = self.core
+        if a.seq is not None:
+            core.ctx.seq_rm(a.seq)
+            self.residency.release(a)
+        for t in core.tiers.values():
+            t.delete(a.id)
+        if core.archive is not None:
+            core.archive.delete_agent(a.id)
+        self.blocks.leave(a)
+        core.prefixes.remove(a.id)
+        core.predictor.forget(a.id)
+        del core.agents[a.id]
+
+    def save_all(self, *, final: bool) -> None:
+        """Ledgers and states to the archive; with `final` (closing) resident agents are parked there.
+
+        Parking (unlike a live snapshot) also keeps a Gemma 3 agent's sliding-window
+        checkpoint, so after a restart it can still roll back its last reply.
+        """
+        core = self.core
+        with core.lock:
+            for a in list(core.agents.values()):
+                if a.busy:
+                    continue
+                if final and a.seq is not None and a.ledger.n_live:
+                    try:
+                        self.park(a, "cold")
+                        continue
+                    except AgentMemError as exc:
+                        logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
+                state = None
+                if a.seq is not None and a.ledger.n_live:
+                    state = self.capture(a, core.placement.codec_for(core.info(a), "cold"))
+                elif a.tier == "warm":
+                    state = core.tiers["warm"].get(a.id)
+                self.persist.write(a, state)

@@ -1,0 +1,124 @@
+"""Archive sync: an agent's ledger and state written in one transaction, and resume on open.
+
+`Persister.write` stores the ledger (as region runs) with the parked state, its
+shared block and its sliding-window checkpoint; `Persister.resume` registers
+every archived agent as COLD so its state loads lazily on its first call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from agentmem.engine.chat_format import REGIONS
+from agentmem.errors import AgentMemError, StateError
+from agentmem.memory.ledger import Ledger
+from agentmem.memory.parking import ParkedState
+from agentmem.memory.shared import KVBlock
+from agentmem.policy.placement import priority_weight
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.state import AgentState, PoolCore
+
+__all__ = ["Persister"]
+
+logger = logging.getLogger(__name__)
+
+_REGION_CODE = {r: i for i, r in enumerate(REGIONS)}
+
+
+def _region_runs(arr: dict[str, np.ndarray]) -> list[tuple[int, int, str, int]]:
+    """The ledger as runs of equal (region, pinned, live, message): `(start, end, region, flags)`."""
+    n = len(arr["tok"])
+    if not n:
+        return []
+    key = np.stack([arr["reg"].astype(np.int64), arr["pin"], arr["live"], arr["msg"]], axis=1)
+    change = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [n]))
+    runs = []
+    for s, e in zip(starts, ends):
+        flags = int(arr["pin"][s]) | (int(not arr["live"][s]) << 1) | ((int(arr["msg"][s]) + 1) << 2)
+        runs.append((int(s), int(e), REGIONS[arr["reg"][s]], flags))
+    return runs
+
+
+def _ledger_from_runs(tokens: np.ndarray, runs: list[tuple[int, int, str, int]]) -> Ledger:
+    n = len(tokens)
+    arrays = {
+        "tok": tokens, "reg": np.zeros(n, np.uint8), "pin": np.zeros(n, bool),
+        "msg": np.zeros(n, np.int32), "live": np.ones(n, bool),
+    }
+    for s, e, region, flags in runs:
+        arrays["reg"][s:e] = _REGION_CODE.get(region, _REGION_CODE["text"])
+        arrays["pin"][s:e] = bool(flags & 1)
+        arrays["live"][s:e] = not (flags & 2)
+        arrays["msg"][s:e] = (flags >> 2) - 1
+    return Ledger.from_arrays(arrays)
+
+
+class Persister:
+    """Writes agents to the archive and reads them back on open (lock held)."""
+
+    def __init__(self, core: PoolCore, blocks: BlockRefs) -> None:
+        self.core = core
+        self.blocks = blocks
+
+    def write(self, a: AgentState, state: ParkedState | None) -> None:
+        """Ledger (+ state) of `a` to the archive in one transaction."""
+        core = self.core
+        archive = core.archive
+        assert archive is not None
+        arr = a.ledger.to_arrays()
+        with archive.transaction():
+            archive.put_agent(a.id, priority=a.priority, labels={"budget": a.budget, "eviction": a.eviction, **a.labels})
+            archive.put_ledger(a.id, arr["tok"], _region_runs(arr))
+            if state is not None:
+                if state.block is not None:
+                    b = core.blocks.get(state.block)
+                    if b is None:
+                        raise StateError(f"shared block {state.block!r} of agent {a.id!r} is gone")
+                    self.blocks.archive(b)
+                core.tiers["cold"].put(a.id, state)
+                if state.swa_ckpt is not None and a.prompt_end[1] > 0:
+                    order = None if state.swa_order is None else np.ascontiguousarray(state.swa_order, "<i4")
+                    archive.put_checkpoint(a.id, state.swa_ckpt, prompt_end=a.prompt_end, layout=order)
+
+    def resume(self) -> None:
+        """Register every archived agent as COLD (states load lazily, on first call)."""
+        core = self.core
+        archive = core.archive
+        assert archive is not None
+        for rec in archive.list_agents():
+            led = archive.get_ledger(rec.agent_id)
+            if led is None:
+                continue
+            a = AgentState(rec.agent_id, ledger=_ledger_from_runs(led.tokens, led.regions))
+            try:
+                a.priority = priority_weight(rec.priority)
+            except AgentMemError:
+                a.priority = 1
+            labels = dict(rec.labels)
+            a.budget = int(labels.pop("budget", 0) or 0)
+            a.eviction = str(labels.pop("eviction", "") or "")
+            a.labels = labels
+            a.tier = "cold" if rec.state_bytes else "empty"
+            if a.tier == "empty":
+                a.ledger.clear()  # nothing decoded is kept: the next call prefills
+            core.agents[a.id] = a
+            core.totals["resumed_agents"] += 1
+        for aid, pe in archive.checkpoint_prompt_ends().items():
+            if aid in core.agents and core.agents[aid].tier == "cold":
+                core.agents[aid].prompt_end = pe
+        for info in archive.list_shared_blocks():
+            core.blocks.register(KVBlock(info.block_id, info.n_tokens, "", None, info.n_bytes))
+        for aid, bid in archive.state_blocks().items():
+            a = core.agents.get(aid)
+            b = core.blocks.get(bid)
+            if a is not None and a.tier == "cold" and b is not None:
+                self.blocks.join(a, b)
+        for b in list(core.blocks):
+            if not b.refs:
+                core.blocks.release(b.id, "")
+        if core.agents:
+            logger.info("resumed %d agent(s) from %s", len(core.agents), core.config.archive_path)

@@ -1,0 +1,102 @@
+"""Housekeeping after a call: tier rebalancing and restoring the predicted next agent.
+
+`Prefetcher` runs a background worker fed from a queue: after every call it
+rebalances the tiers (so demotion I/O is off the reply's path) and restores the
+agent the transition predictor expects next, if a sequence can be had without
+making a waiting call wait longer. Without the worker (one resident agent, or
+`prefetch=False`), rebalancing runs inline after the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+from agentmem.pool.state import AgentState, PoolCore
+
+__all__ = ["Prefetcher"]
+
+logger = logging.getLogger(__name__)
+
+_REBALANCE = object()  # work item of the worker: rebalance the tiers (never an agent id)
+_STOP = object()
+
+
+class Prefetcher:
+    """The after-call worker.
+
+    Args:
+        core: the pool's shared state.
+        rebalance: applies the tier budgets (lock held).
+        restore: makes an agent resident for a prefetch; returns True when it
+            restored a parked state (lock held; never waits).
+        enabled: start the worker thread (else rebalancing runs inline).
+    """
+
+    def __init__(
+        self,
+        core: PoolCore,
+        *,
+        rebalance: Callable[[], None],
+        restore: Callable[[AgentState], bool],
+        enabled: bool,
+    ) -> None:
+        self.core = core
+        self._rebalance = rebalance
+        self._restore = restore
+        self.queue: queue.Queue[object] | None = None
+        self._thread: threading.Thread | None = None
+        if enabled:
+            self.queue = queue.Queue()
+            self._thread = threading.Thread(target=self._work, name="agentmem-prefetch", daemon=True)
+            self._thread.start()
+
+    @property
+    def enabled(self) -> bool:
+        """True when the background worker runs."""
+        return self.queue is not None
+
+    def after_call(self, agent_id: str) -> None:
+        """Housekeeping off the reply's path: rebalance tiers, prefetch the predicted next agent."""
+        core = self.core
+        if self.queue is None:
+            with core.lock:
+                if not core.closed:
+                    self._rebalance()
+            return
+        self.queue.put(_REBALANCE)
+        nxt = core.predictor.predict(agent_id)
+        if nxt is not None and nxt != agent_id:
+            self.queue.put(nxt)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the worker (after the work already queued)."""
+        if self.queue is not None and self._thread is not None:
+            self.queue.put(_STOP)
+            self._thread.join(timeout=timeout)
+
+    def _work(self) -> None:
+        assert self.queue is not None
+        core = self.core
+        while True:
+            item = self.queue.get()
+            try:
+                if item is _STOP or core.closed:
+                    return
+                with core.lock:
+                    if item is _REBALANCE:
+                        self._rebalance()
+                        continue
+                    assert isinstance(item, str)
+                    a = core.agents.get(item)
+                    if a is None or a.busy or a.seq is not None or a.tier not in core.tiers:
+                        continue
+                    if self._restore(a):
+                        a.prefetched = True
+                        core.totals["prefetches"] += 1
+            except Exception:  # never let the worker die; the call itself will restore
+                logger.exception("prefetch of %r failed", item)
+            finally:
+                self.queue.task_done()

@@ -1,0 +1,111 @@
+"""Which agents hold the context's sequences, who gets the next one, and making room.
+
+`Residency` hands out sequences: agents waiting for one are served by priority,
+then arrival; when none is free an idle resident agent is parked (through the
+callable it was given, so this module needs nothing above it). `fit` is the one
+retry-when-full loop of the pool: try, and while llama.cpp has no free cells,
+park an idle agent and try again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from agentmem.pool.state import AgentState, PoolCore
+
+__all__ = ["Residency"]
+
+logger = logging.getLogger(__name__)
+
+
+class Residency:
+    """Sequences of the shared context and the agents that hold them (lock held throughout).
+
+    Args:
+        core: the pool's shared state.
+        park: parks an idle resident agent (releasing its sequence); raises
+            `AgentMemError` when it cannot.
+    """
+
+    def __init__(self, core: PoolCore, park: Callable[[AgentState], None]) -> None:
+        self.core = core
+        self._park = park
+        n = core.config.resident_agents
+        self.free: list[int] = list(range(n - 1, -1, -1))
+        self.waiters: dict[str, tuple[int, int]] = {}  # agent -> (priority, -arrival)
+        self._ticket = 0
+
+    def _victim(self, keep: AgentState, *, with_cells: bool) -> AgentState | None:
+        """The idle resident agent the placement policy would park first (never `keep`)."""
+        core = self.core
+        idle = [
+            x for x in core.agents.values()
+            if x.seq is not None and not x.busy and x is not keep and (x.ledger.n_live or not with_cells)
+        ]
+        if not idle:
+            return None
+        return core.agents[core.placement.demotion_order([core.info(x) for x in idle])[0].id]
+
+    def acquire(self, a: AgentState, *, prefetch: bool = False) -> str:
+        """Give `a` a sequence: `"reused"` (it had one), `"assigned"`, or `"busy"` (prefetch only).
+
+        A prefetch never waits and yields to calls waiting for a sequence.
+        """
+        if a.seq is not None:
+            return "reused"
+        if prefetch and self.waiters:
+            return "busy"  # calls waiting for a sequence come first
+        core = self.core
+        # Agents waiting for a sequence are served by priority (then arrival): only the
+        # first in that order may take a free sequence or park an idle agent.
+        self._ticket += 1
+        self.waiters[a.id] = (a.priority, -self._ticket)
+        try:
+            while True:
+                if self.waiters[a.id] == max(self.waiters.values()):
+                    if self.free:
+                        break
+                    victim = self._victim(a, with_cells=False)
+                    if victim is not None:
+                        if victim.prefetched:
+                            core.totals["prefetch_wasted"] += 1
+                            victim.prefetched = False
+                        self._park(victim)
+                        break
+                if prefetch:
+                    return "busy"
+                logger.debug("agent %r waits for a free sequence", a.id)
+                core.totals["seq_waits"] += 1
+                core.cond.wait()
+        finally:
+            del self.waiters[a.id]
+            core.cond.notify_all()
+        a.seq = self.free.pop()
+        return "assigned"
+
+    def release(self, a: AgentState) -> None:
+        """Return `a`'s sequence (already emptied by the caller) to the free list."""
+        assert a.seq is not None, f"{a.id=}"
+        self.free.append(a.seq)
+        a.seq = None
+        self.core.cond.notify_all()
+
+    def make_room(self, keep: AgentState) -> bool:
+        """Park one idle resident agent (not `keep`) to free KV cells; False when none is idle."""
+        victim = self._victim(keep, with_cells=True)
+        if victim is None:
+            return False
+        self._park(victim)
+        return True
+
+    def fit(self, keep: AgentState, attempt: Callable[[], bool]) -> bool:
+        """Run `attempt` until it succeeds, parking idle agents (never `keep`) between tries.
+
+        `attempt` returns False when llama.cpp found no free cells. Returns False
+        when it still fails and no idle agent is left to park.
+        """
+        while not attempt():
+            if not self.make_room(keep):
+                return False
+        return True

@@ -1,0 +1,189 @@
+"""Prefixes shared between agents: finding a donor, copying its cells, making them private.
+
+A fresh agent whose prompt starts like another agent's history gets those cells
+without recompute: tagged in the live cache (`seq_cp`) from a resident donor, or
+restored from a parked one. A copied prefix becomes a shared block, so parked
+copies keep it once. Cells shared with other sequences are made private before
+anything shifts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from agentmem.engine.chat_format import RenderedPrompt
+from agentmem.errors import AgentMemError, ConfigError, StateError
+from agentmem.memory.ledger import Ledger
+from agentmem.memory.shared import HandoffCard, token_checksum
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.mover import Mover
+from agentmem.pool.residency import Residency
+from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.swa import NoWindow
+
+__all__ = ["Sharing"]
+
+logger = logging.getLogger(__name__)
+
+
+class Sharing:
+    """Prefix donors, copies between sequences, handoffs and privatizing (lock held)."""
+
+    def __init__(self, core: PoolCore, residency: Residency, mover: Mover, blocks: BlockRefs, swa: NoWindow) -> None:
+        self.core = core
+        self.residency = residency
+        self.mover = mover
+        self.blocks = blocks
+        self.swa = swa
+
+    def reset(self, d: AgentState) -> None:
+        """Empty `d`'s KV, stored states and ledger (it keeps its sequence if it has one)."""
+        core = self.core
+        if d.seq is not None:
+            core.ctx.seq_rm(d.seq)
+        for t in core.tiers.values():
+            t.delete(d.id)
+        d.tier = "empty"
+        d.ledger = Ledger()
+        d.shared_upto = 0
+        self.blocks.leave(d)
+
+    def privatize(self, a: AgentState) -> None:
+        """Give `a` its own copies of cells it may share with other sequences (before shifting them)."""
+        core = self.core
+        assert a.seq is not None, f"{a.id=}"
+        seq = a.seq
+        blob = core.ctx.state_get(seq)
+        if not self.residency.fit(a, lambda: core.ctx.state_set(seq, blob) != 0):
+            raise StateError(f"no room to make agent {a.id!r}'s shared cells private")
+        a.shared_upto = 0
+        core.totals["privatized"] += 1
+
+    def copy_prefix(self, s: AgentState, d: AgentState, n: int) -> str:
+        """Give `d` (resident) the first `n` history tokens of `s` and their KV (both busy).
+
+        Returns `"shared"` (cells tagged from a live `s`) or `"restored"` (from its
+        parked state). Raises `StateError` when the cells cannot be had.
+        """
+        core = self.core
+        ctx = core.ctx
+        assert d.seq is not None, "the destination needs a sequence"
+        self.reset(d)
+        n_live = s.ledger.live_before(n)
+        arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
+        if s.seq is not None:
+            # the donor's sliding-window cells below its own window may have been reused
+            if n_live > 0 and not self.swa.reaches(s.seq, n_live):
+                raise StateError(f"agent {s.id!r} no longer holds the sliding-window cells before position {n_live}")
+            ctx.seq_cp(s.seq, d.seq, 0, n_live)
+            d.shared_upto = n_live
+            s.shared_upto = max(s.shared_upto, n_live)
+            mode = "shared"
+        else:
+            stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
+            if stored is None:
+                raise StateError(f"agent {s.id!r} has no KV state to hand off")
+            blob = self.mover.unpark_blob(stored)
+            if ctx.state_set(d.seq, blob) == 0:
+                raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
+            if n_live < s.ledger.n_live:
+                if not self.swa.reaches(d.seq, n_live):
+                    ctx.seq_rm(d.seq)
+                    raise StateError(f"agent {s.id!r} is parked past its sliding window; hand off from it while it is live")
+                ctx.seq_rm(d.seq, n_live, -1)
+            mode = "restored"
+        d.ledger = Ledger.from_arrays(arrays)
+        if n_live == n and n >= max(1, core.config.min_share_tokens):
+            # one shared block for the prefix: parked copies of both then keep it once. A
+            # donor's block that covers part of the prefix is reused (the rest is private).
+            b = self.blocks.of(s)
+            if b is None or b.n_tokens > n_live:
+                b = self.blocks.new(d)
+                if s.block is None and mode == "shared":
+                    self.blocks.join(s, b)
+            self.blocks.join(d, b)
+        return mode
+
+    def share_prefix(self, a: AgentState, prompt: RenderedPrompt) -> int:
+        """Give a fresh agent the longest prefix of `prompt` another agent holds; tokens shared."""
+        core = self.core
+        n_min = core.config.min_share_tokens
+        if not n_min or len(prompt.tokens) <= n_min:
+            return 0
+        toks = np.asarray(prompt.tokens, dtype=np.int32)
+        cands: dict[str, AgentState] = {}
+        for x in core.agents.values():
+            if x is a or x.busy or not len(x.ledger) or not (x.seq is not None or x.tier in core.tiers):
+                continue
+            cands[x.id] = x
+            led = x.ledger
+            live = led.live
+            shareable = len(led) if live.all() else int(np.argmin(live))  # up to the first evicted token
+            core.prefixes.sync(x.id, led.tokens[:shareable], version=led.version)
+        ranked: list[tuple[int, str]] = []
+        for xid, n in core.prefixes.matches(toks):
+            x = cands.get(xid)
+            if x is None:
+                continue
+            n = min(n, len(toks) - 1)
+            if n < n_min:
+                break  # longest first: the rest are shorter
+            if x.seq is None and not self.swa.parked_can_cut(x.ledger.n_live, n):
+                continue
+            ranked.append((n, x.id))
+        ranked.sort(key=lambda t: (-t[0], core.agents[t[1]].seq is None, t[1]))  # longest first, live first
+        for n, donor_id in ranked:
+            donor = core.agents[donor_id]
+            donor.busy += 1
+            try:
+                self.copy_prefix(donor, a, n)
+            except AgentMemError as exc:
+                logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
+                self.reset(a)
+                continue
+            finally:
+                donor.busy -= 1
+            break
+        else:
+            return 0
+        # the copied ledger carries the donor's regions; re-tag with this prompt's spans
+        a.ledger.truncate(0)
+        a.ledger.extend(prompt.tokens[:n], prompt.spans)
+        core.totals["shared_prefix_hits"] += 1
+        core.totals["shared_prefix_tokens"] += n
+        logger.debug("agent %r starts from %d tokens of %r", a.id, n, donor_id)
+        return n
+
+    def handoff(self, src: str, dst: str, upto: int | None) -> HandoffCard:
+        """Start `dst`'s context as `src`'s first `upto` history tokens (see `MemoryPool.handoff`)."""
+        core = self.core
+        s = core.agent(src)
+        n = len(s.ledger) if upto is None else upto
+        if not isinstance(n, int) or not 0 < n <= len(s.ledger):
+            raise ConfigError(f"upto must be in [1, {len(s.ledger)}] for agent {src!r}, got {upto!r}")
+        d = core.agents.setdefault(dst, AgentState(dst))
+        if s.busy or d.busy:
+            raise AgentMemError(f"agent {(src if s.busy else dst)!r} is generating; cannot hand off now")
+        d.busy += 1
+        try:
+            self.reset(d)
+            self.mover.make_resident(d)  # may park the source: then its parked state is handed over
+            s.busy += 1
+            try:
+                mode = self.copy_prefix(s, d, n)
+            finally:
+                s.busy -= 1
+        finally:
+            d.busy -= 1
+            s.last_used = d.last_used = time.monotonic()
+            core.cond.notify_all()
+        core.totals["handoffs"] += 1
+        blk = self.blocks.of(d)
+        return HandoffCard(
+            src=src, dst=dst, seq_no=core.totals["handoffs"], n_tokens=n, n_live=d.ledger.n_live, mode=mode,
+            fingerprint=core.fingerprint["model"], checksum=token_checksum(d.ledger.tokens[:n]),
+            block=blk.id if blk else None, block_tokens=blk.n_tokens if blk else 0,
+        )

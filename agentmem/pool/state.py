@@ -1,0 +1,185 @@
+"""The agent record, the pool's counters and the core every collaborator of a call shares.
+
+`AgentState` is what the pool knows of one agent; `PoolCore` holds the native
+context, the tiers, the registries and the lock, and answers the small questions
+every phase asks (where an agent's state is, its budget, its codec).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agentmem.errors import UnknownAgentError
+from agentmem.memory.ledger import Ledger
+from agentmem.memory.parking import ParkCodec, make_park_codec
+from agentmem.memory.prefetch import TransitionPredictor
+from agentmem.memory.shared import BlockStore, PrefixIndex
+from agentmem.policy.placement import AgentInfo, PlacementPolicy
+
+if TYPE_CHECKING:
+    from agentmem.config import PoolConfig
+    from agentmem.engine.context import LlamaContext, LlamaModel
+    from agentmem.memory.archive import Archive
+    from agentmem.memory.tiers import Tier
+
+__all__ = ["AGENT_COUNTERS", "POOL_TOTALS", "AgentState", "PoolCore"]
+
+#: Per-agent counters (also reported under ``stats()["agents"][id]``).
+AGENT_COUNTERS = (
+    "calls", "restores", "restore_failures", "parks", "demotions", "prefill_tokens", "cached_tokens",
+    "evictions", "evicted_tokens",
+)
+#: Pool-wide counters (``stats()["totals"]``).
+POOL_TOTALS = (
+    "calls", "restores", "restore_failures", "parks", "demotions", "drops", "prefill_tokens", "cached_tokens",
+    "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
+    "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
+    "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
+    "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores",
+)
+TIERS = ("empty", "warm", "cold")
+
+
+@dataclass(slots=True)
+class AgentState:
+    """What the pool keeps for one agent.
+
+    Invariants (checked by `check`, which the pool calls where a call ends):
+
+    * `seq` is set exactly while the agent is *hot*; a hot agent's `tier` is
+      `"empty"` (its state lives in the sequence, not in a tier).
+    * `tier` is `"empty"`, `"warm"` or `"cold"`: where the parked state is.
+    * `0 <= ledger.n_live <= len(ledger)`; the live cells of `seq` are exactly
+      the ledger's live tokens, in order, at positions `0 .. n_live - 1`.
+    * `busy >= 0`: calls (or a handoff, a linked restore) that hold the agent; a
+      busy agent is never parked, forgotten or evicted by another thread.
+    * `block`, when set, names a block in the pool's `BlockStore` whose `refs`
+      include this agent, and its first `block_tokens` history tokens are the
+      block's tokens.
+    """
+
+    id: str
+    ledger: Ledger = field(default_factory=Ledger)
+    seq: int | None = None
+    tier: str = "empty"  # where its state is when not hot: warm / cold / empty
+    busy: int = 0
+    last_used: float = 0.0
+    priority: int = 1
+    budget: int = 0
+    eviction: str = ""
+    n_messages: int = 0
+    prefetched: bool = False
+    labels: dict[str, Any] = field(default_factory=dict)
+    # end of the last prompt (history index, live position), before its reply was generated
+    prompt_end: tuple[int, int] = (0, 0)
+    # sliding-window layers as of prompt_end, captured when parked (see swa.py)
+    # (a tuple ``(private blob, order)`` when stored cut against the parked state)
+    swa_ckpt: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
+    # shared KV block its first cells belong to (parked states then keep only the rest)
+    block: str | None = None
+    # cells at positions below this may be tagged for other sequences too (seq_cp):
+    # shifting them (eviction) would move them for everyone, so they are made private first
+    shared_upto: int = 0
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(AGENT_COUNTERS, 0))
+    evicted_regions: dict[str, int] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Assert the invariants that are cheap to check (see the class docstring)."""
+        assert self.tier in TIERS, f"{self.id=}, {self.tier=}"
+        assert self.seq is None or self.tier == "empty", f"{self.id=}, {self.seq=}, {self.tier=}"
+        assert 0 <= self.ledger.n_live <= len(self.ledger), f"{self.id=}, {self.ledger.n_live=}, {len(self.ledger)=}"
+        assert self.busy >= 0, f"{self.id=}, {self.busy=}"
+
+
+class PoolCore:
+    """The state every collaborator of a call shares: context, tiers, registries, counters.
+
+    It owns no policy of its own; it answers the questions every phase asks:
+    `agent`, `where`, `info`, `budget`, `codec`, `eviction_policy`. All of it
+    is guarded by `lock` (the context's re-entrant lock) and `cond`.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: PoolConfig,
+        model: LlamaModel,
+        ctx: LlamaContext,
+        tiers: dict[str, Tier],
+        archive: Archive | None,
+        recall_store: Archive,
+        placement: PlacementPolicy,
+        fingerprint: dict[str, Any],
+        capacity: int,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.ctx = ctx
+        self.tiers = tiers
+        self.archive = archive
+        self.recall_store = recall_store
+        self.placement = placement
+        self.fingerprint = fingerprint
+        self.capacity = capacity
+        self.lock = ctx.lock
+        self.cond = threading.Condition(self.lock)
+        self.agents: dict[str, AgentState] = {}
+        self.blocks = BlockStore()
+        self.prefixes = PrefixIndex()  # radix tree over agents' shareable tokens (refreshed lazily)
+        self.predictor = TransitionPredictor()
+        self.totals: dict[str, int] = dict.fromkeys(POOL_TOTALS, 0)
+        self.tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
+        self.codecs: dict[str, ParkCodec] = {}
+        self.closed = False
+
+    def agent(self, agent_id: str) -> AgentState:
+        """The record of a known agent; `UnknownAgentError` otherwise."""
+        a = self.agents.get(agent_id)
+        if a is None:
+            raise UnknownAgentError(f"unknown agent {agent_id!r}; known: {sorted(self.agents)}")
+        return a
+
+    def codec(self, spec: str) -> ParkCodec:
+        """The park codec for `spec` (`"f16"`, `"q8_0"`, `"q8_0/q4_0"`…), built once."""
+        c = self.codecs.get(spec)
+        if c is None:
+            c = self.codecs[spec] = make_park_codec(spec, rotate=self.config.park_rotate)
+        return c
+
+    @staticmethod
+    def eviction_policy(name: str, **params: Any) -> Any:
+        """The eviction strategy registered as `name` (`PolicyError` lists the valid names)."""
+        from agentmem.policy.eviction import get_policy as get_eviction_policy
+
+        return get_eviction_policy(name, **params)
+
+    def budget(self, a: AgentState) -> int:
+        """`a`'s live-token budget (its own, else the pool default; 0 = unlimited)."""
+        return a.budget or self.config.agent_budget_tokens
+
+    def where(self, a: AgentState) -> tuple[str, int, str | None]:
+        """(tier, bytes there, codec) of `a`'s state."""
+        if a.seq is not None:
+            return "hot", (self.ctx.state_size(a.seq) if a.ledger.n_live else 0), None
+        if a.tier in self.tiers:
+            t = self.tiers[a.tier]
+            if a.tier == "warm":
+                st = t.get(a.id)
+                return "warm", t.nbytes(a.id), st.codec if st else None
+            info = self.archive.get_state_info(a.id) if self.archive else None
+            return "cold", t.nbytes(a.id), info.codec if info else None
+        return "empty", 0, None
+
+    def info(self, a: AgentState) -> AgentInfo:
+        """What the placement policy sees of `a`."""
+        tier, nbytes, _ = self.where(a) if a.seq is None else ("hot", a.ledger.n_live * 20_000, None)
+        return AgentInfo(
+            id=a.id, tier=tier, nbytes=nbytes, n_tokens=a.ledger.n_live, priority=a.priority,
+            idle_s=max(0.0, time.monotonic() - a.last_used), uses=a.counters["calls"],
+            next_in=self.predictor.distance(a.id),
+        )

@@ -1,0 +1,140 @@
+"""Every sliding-window rule of the pool in one object, chosen once per model.
+
+Gemma 3 keeps only the last `n_swa` positions in its sliding-window layers
+(llama.cpp reuses the cells below them). That decides whether a sequence can be
+cut back to a prefix, whether a parked state can be cut, whether a live member
+still holds what a linked restore needs, and it is why a parked agent keeps a
+*checkpoint* of those layers as of its last prompt's end. `SlidingWindow`
+implements those rules; `NoWindow` is its no-op twin for models without a window,
+so the pool never asks "does this model have a window?" itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from agentmem.errors import AgentMemError
+from agentmem.memory.codec import parse_state
+from agentmem.memory.shared import join_state, split_state
+
+if TYPE_CHECKING:
+    from agentmem.engine.context import LlamaContext
+    from agentmem.pool.state import AgentState
+
+__all__ = ["NoWindow", "SlidingWindow", "window_rules"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoWindow:
+    """The rules for a model without sliding-window layers: every cut is possible."""
+
+    active = False
+
+    def reaches(self, seq: int, n_live: int) -> bool:
+        """True when sequence `seq` still holds the window needed to continue after `n_live` tokens."""
+        return True
+
+    def parked_can_cut(self, n_live: int, n: int) -> bool:
+        """True when a parked state of `n_live` tokens can be cut back to its first `n`."""
+        return True
+
+    def nearest_member(self, members: Sequence[AgentState]) -> AgentState:
+        """The live member whose cells a linked restore should share."""
+        return members[0]
+
+    def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The checkpoint to park with `a` (resident); `None`: none needed."""
+        return None
+
+    def checkpoint_blob(self, a: AgentState, ckpt: Any) -> np.ndarray:
+        """The stored checkpoint as a blob (joined with `a`'s live cells when stored cut)."""
+        return ckpt
+
+    def restore_checkpoint(self, seq: int, blob: np.ndarray, n_live: int) -> bool:
+        """Load a checkpoint into `seq` (cut back to `n_live`); True when it covers the window."""
+        return True
+
+    def linked_complete(self, seq: int, order: np.ndarray, private: np.ndarray) -> bool:
+        """True when a linked restore left every sliding-window cell the parked state had."""
+        return True
+
+
+class SlidingWindow(NoWindow):
+    """The rules for a model whose sliding-window layers keep the last `n_swa` positions."""
+
+    active = True
+
+    def __init__(self, ctx: LlamaContext, n_swa: int) -> None:
+        assert n_swa > 0, f"{n_swa=}"
+        self.ctx = ctx
+        self.n_swa = n_swa
+
+    def _floor(self, n_live: int) -> int:
+        """The lowest sliding-window position continuing after `n_live` tokens needs."""
+        return max(0, n_live - self.n_swa + 1)
+
+    def reaches(self, seq: int, n_live: int) -> bool:
+        return self.ctx.seq_pos_min(seq) <= self._floor(n_live)
+
+    def parked_can_cut(self, n_live: int, n: int) -> bool:
+        # a parked state keeps only the last window of the sliding-window layers
+        # (positions from n_live - n_swa): it can be cut back only within that
+        return max(0, n_live - self.n_swa) <= self._floor(n)
+
+    def nearest_member(self, members: Sequence[AgentState]) -> AgentState:
+        # the member whose sliding-window cells reach back furthest covers the most
+        return min(members, key=lambda x: self.ctx.seq_pos_min(x.seq))  # type: ignore[arg-type]
+
+    def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
+        # The blob keeps the sliding-window layers only for the window before its end.
+        # The app usually re-sends the reply slightly differently (trimmed, edited), so
+        # keep those layers as of the prompt's end too: a restore can then roll back to
+        # it instead of re-prefilling. (Not needed when the whole history fits the
+        # window.) It is stored cut against the parked state's own window: only the
+        # reply's cells are extra. Counted in the state's bytes. Drops `a`'s reply cells.
+        assert a.seq is not None
+        n_live = a.ledger.n_live
+        pe_live = a.prompt_end[1]
+        if not (self.n_swa < n_live and 0 < pe_live < n_live - 1):
+            return None
+        now = self.ctx.swa_state_get(a.seq)
+        self.ctx.seq_rm(a.seq, pe_live, -1)
+        ck = self.ctx.swa_state_get(a.seq)
+        try:  # keep only the cells the parked state itself lacks (about the reply's)
+            cut = split_state(ck, now, pe_live, partial=True)
+        except AgentMemError:
+            cut = None
+        return (cut[0], cut[1]) if cut else (ck, None)
+
+    def checkpoint_blob(self, a: AgentState, ckpt: Any) -> np.ndarray:
+        # A checkpoint shares all but the reply's cells with the state it was parked
+        # with, so it is stored cut against that state's sliding-window layers and
+        # joined here with the live ones (`a` must still hold the restored state).
+        if isinstance(ckpt, tuple):
+            private, order = ckpt
+            assert a.seq is not None
+            return join_state(self.ctx.swa_state_get(a.seq), private, order)
+        return ckpt
+
+    def restore_checkpoint(self, seq: int, blob: np.ndarray, n_live: int) -> bool:
+        return self.ctx.swa_state_set(seq, blob) != 0 and self.reaches(seq, n_live)
+
+    def linked_complete(self, seq: int, order: np.ndarray, private: np.ndarray) -> bool:
+        n_sec = int(order[0])
+        if n_sec < 2:
+            return True
+        # every sliding-window position the parked state had must be there
+        lens = order[1 : 1 + n_sec]
+        src = order[1 + n_sec :][int(lens[:-1].sum()) :]
+        need = np.concatenate([src[src >= 0], parse_state(private).sections[-1].positions])
+        have = parse_state(self.ctx.swa_state_get(seq)).positions
+        return bool(np.isin(need, have).all())
+
+
+def window_rules(ctx: LlamaContext, n_swa: int) -> NoWindow:
+    """`SlidingWindow` for a model with a window (`n_swa > 0`), else `NoWindow`."""
+    return SlidingWindow(ctx, n_swa) if n_swa > 0 else NoWindow()

@@ -1,0 +1,263 @@
+"""One call through the pool, as named phases.
+
+admit → place → reconcile → share → prefill → generate → finish:
+
+* **admit** — the agent's record (created on first use); calls of one agent run
+  one at a time, since they share one sequence.
+* **place** — make it resident (`Mover.make_resident`: reused, restored, fresh).
+* **reconcile** — keep the longest common prefix of its KV and the new prompt;
+  drop the divergent tail (rolling back to the sliding-window checkpoint when the
+  window no longer reaches the cut).
+* **share** — a fresh agent takes the longest prefix another agent holds.
+* **prefill** — decode only the new tokens (trimming to the budget on the way).
+* **generate** — sample, stream text pieces, stop on end of turn / stop strings
+  / `max_tokens`; decode steps are batched with other generating agents.
+* **finish** — the `ChatResult`; the agent is released and housekeeping
+  (rebalance, prefetch) runs after the reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterator
+
+from agentmem.engine.chat_format import RenderedPrompt
+from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
+from agentmem.errors import AgentMemError, ContextOverflowError
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.decoder import Decoder
+from agentmem.pool.mover import Mover
+from agentmem.pool.results import ChatResult, Timings, Usage
+from agentmem.pool.sharing import Sharing
+from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.swa import NoWindow
+
+__all__ = ["TurnRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+class TurnRunner:
+    """Runs calls through the phases above; one instance per pool.
+
+    Args:
+        after_call: housekeeping run once a call has released its agent (gets
+            the agent id).
+    """
+
+    def __init__(
+        self,
+        core: PoolCore,
+        *,
+        mover: Mover,
+        sharing: Sharing,
+        blocks: BlockRefs,
+        decoder: Decoder,
+        swa: NoWindow,
+        after_call: Callable[[str], None],
+    ) -> None:
+        self.core = core
+        self.mover = mover
+        self.sharing = sharing
+        self.blocks = blocks
+        self.decoder = decoder
+        self.swa = swa
+        self.after_call = after_call
+
+    def run(self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int) -> Iterator[str | ChatResult]:
+        """The call as a generator of text pieces, ending with its `ChatResult`."""
+        core = self.core
+        if core.closed:
+            raise AgentMemError("the pool is closed")
+        t0 = time.perf_counter()
+        a = self._admit(agent_id, len(prompt.tokens))
+        sampler: Sampler | None = None
+        timings = Timings()
+        generating = False
+        try:
+            with core.lock:
+                how = self._place(a, timings)
+                a.n_messages = n_messages
+                n_keep = self._reconcile(a, prompt)
+                shared = self._share(a, prompt, n_keep, timings)
+                n_keep = shared or n_keep
+                kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
+            sampler = Sampler(core.model.vocab, core.model.n_vocab, params) if params.max_tokens > 0 else None
+            tok = self._prefill(a, prompt, n_keep, sampler, timings)
+            t_first = time.perf_counter()
+            with core.lock:
+                self.decoder.generating += 1
+                generating = True
+            asm = TextAssembler(params.stop)
+            completion: list[int] = []
+            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings)
+            with core.lock:
+                self.decoder.generating -= 1
+                generating = False
+                core.cond.notify_all()
+            tail = asm.flush()
+            if tail:
+                yield tail
+            yield self._result(a, asm.text, finish, prompt, n_keep, completion, kv, timings, t0, t_first)
+        finally:
+            if sampler is not None:
+                sampler.close()
+            with core.lock:
+                if generating:
+                    self.decoder.generating -= 1
+                a.busy -= 1
+                a.last_used = time.monotonic()
+                core.cond.notify_all()
+            self.after_call(agent_id)
+
+    # ------------------------------------------------------------------ phases
+    def _admit(self, agent_id: str, n_prompt: int) -> AgentState:
+        """The agent's record, held busy for this call (waits while another call of it runs)."""
+        core = self.core
+        with core.lock:
+            a = core.agents.get(agent_id)
+            budget = core.budget(a) if a else core.config.agent_budget_tokens
+        if not budget and n_prompt >= core.capacity:
+            raise ContextOverflowError(
+                f"prompt of agent {agent_id!r} has {n_prompt} tokens; the agent capacity is {core.capacity} "
+                f"(need at least one free cell to generate). Shorten the history, raise n_ctx/agent_capacity, "
+                f"or set agent_budget_tokens to evict instead.",
+                n_tokens=n_prompt,
+                capacity=core.capacity,
+            )
+        with core.lock:
+            a = core.agents.get(agent_id)
+            if a is None:
+                a = core.agents[agent_id] = AgentState(agent_id)
+            while a.busy:  # calls of one agent run one at a time (they share one sequence)
+                core.cond.wait()
+            a.busy += 1
+            a.counters["calls"] += 1
+            core.totals["calls"] += 1
+            core.predictor.observe(agent_id)
+        return a
+
+    def _place(self, a: AgentState, timings: Timings) -> str:
+        """Make `a` resident; returns how (`reused` / `restored` / `fresh`)."""
+        core = self.core
+        tr = time.perf_counter()
+        had_state = a.tier in core.tiers
+        if a.seq is not None:
+            core.tier_hits["hot"] += 1
+            if a.prefetched:
+                core.totals["prefetch_hits"] += 1
+        elif had_state and core.config.prefetch and core.config.resident_agents > 1:
+            core.totals["prefetch_misses"] += 1
+        a.prefetched = False
+        how = self.mover.make_resident(a).how
+        if how == "fresh" and not had_state and len(a.ledger) == 0:
+            core.tier_hits["miss"] += 1
+        timings.restore_s = time.perf_counter() - tr if how == "restored" else 0.0
+        assert a.seq is not None, f"{a.id=}"
+        return how
+
+    def _reconcile(self, a: AgentState, prompt: RenderedPrompt) -> int:
+        """Keep the longest common prefix of `a`'s KV and `prompt`; returns the tokens kept."""
+        core = self.core
+        ctx = core.ctx
+        assert a.seq is not None, f"{a.id=}"
+        n_keep = min(a.ledger.common_prefix(prompt.tokens), len(prompt.tokens) - 1)
+        ckpt, a.swa_ckpt = a.swa_ckpt, None
+        if n_keep >= len(a.ledger):
+            return n_keep
+        keep_live = a.ledger.live_before(n_keep)
+        ck_blob = None
+        if 0 < keep_live < a.ledger.n_live and not self.swa.reaches(a.seq, keep_live):
+            # A restored state carries only the last window of the sliding-window
+            # layers; cutting back below it would leave them without history.
+            if ckpt is not None and keep_live >= a.prompt_end[1]:
+                try:  # (a cut checkpoint is joined with the live cells, before they change)
+                    ck_blob = self.swa.checkpoint_blob(a, ckpt)
+                except AgentMemError as exc:
+                    logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
+            if ck_blob is not None:
+                n_keep = a.prompt_end[0]  # roll back to the checkpoint
+            else:
+                logger.debug("agent %r: SWA cells do not reach %d; re-prefilling", a.id, keep_live)
+                n_keep = 0
+        keep_live = a.ledger.truncate(n_keep)
+        ctx.seq_rm(a.seq, keep_live, -1)
+        self.blocks.leave_below(a, keep_live)
+        if ck_blob is not None and not self.swa.restore_checkpoint(a.seq, ck_blob, keep_live):
+            logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)
+            ctx.seq_rm(a.seq)
+            a.ledger.truncate(0)
+            self.blocks.leave(a)
+            n_keep = 0
+        return n_keep
+
+    def _share(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, timings: Timings) -> int:
+        """For an agent with nothing kept: tokens taken from another agent's prefix (0: none)."""
+        if n_keep or len(a.ledger):
+            return 0
+        ts = time.perf_counter()
+        shared = self.sharing.share_prefix(a, prompt)
+        if shared:
+            timings.restore_s += time.perf_counter() - ts
+        return shared
+
+    def _prefill(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, sampler: Sampler | None, timings: Timings) -> int | None:
+        """Decode the prompt's new tokens; the first sampled token (None without a sampler)."""
+        core = self.core
+        tp = time.perf_counter()
+        new = prompt.tokens[n_keep:]
+        tok = self.decoder.prefill(a, new, prompt.spans, sampler, timings)
+        a.prompt_end = (len(a.ledger), a.ledger.n_live)
+        timings.prefill_s = time.perf_counter() - tp
+        a.counters["prefill_tokens"] += len(new)
+        a.counters["cached_tokens"] += n_keep
+        core.totals["prefill_tokens"] += len(new)
+        core.totals["cached_tokens"] += n_keep
+        return tok
+
+    def _generate(
+        self, a: AgentState, tok: int | None, sampler: Sampler | None, params: SamplingParams,
+        asm: TextAssembler, completion: list[int], timings: Timings,
+    ) -> Iterator[str]:
+        """Sample until end of turn, a stop string or `max_tokens`; yields text pieces, returns the finish reason."""
+        core = self.core
+        model = core.model
+        budget = core.budget(a)
+        while tok is not None:
+            if model.is_eog(tok):
+                return "stop"
+            completion.append(tok)
+            piece = asm.push(model.token_bytes(tok))
+            if piece:
+                yield piece
+            if asm.stopped:
+                return "stop"
+            if len(completion) >= params.max_tokens or (not budget and a.ledger.n_live + 1 >= core.capacity):
+                break
+            assert sampler is not None
+            tok = self.decoder.step(a, tok, sampler, timings)
+        return "length"
+
+    def _result(
+        self, a: AgentState, text: str, finish: str, prompt: RenderedPrompt, n_keep: int, completion: list[int],
+        kv: str, timings: Timings, t0: float, t_first: float,
+    ) -> ChatResult:
+        t_end = time.perf_counter()
+        timings.ttft_s = t_first - t0
+        timings.decode_s = t_end - t_first
+        timings.total_s = t_end - t0
+        n_prompt = len(prompt.tokens)
+        logger.debug(
+            "agent %r: %s, prompt=%d cached=%d new=%d ttft=%.1fms",
+            a.id, kv, n_prompt, n_keep, n_prompt - n_keep, 1e3 * timings.ttft_s,
+        )
+        return ChatResult(
+            agent_id=a.id,
+            text=text,
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=n_prompt, cached_tokens=n_keep, completion_tokens=len(completion)),
+            timings=timings,
+            kv=kv,
+            tokens=completion,
+        )
