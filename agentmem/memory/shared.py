@@ -28,8 +28,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from agentmem.codec.layout import SectionLayout, StateLayout, StreamLayout, TensorLayout, parse_state
 from agentmem.errors import CodecError
-from agentmem.memory.codec import SectionLayout, StateLayout, StreamLayout, TensorLayout, parse_state
 from agentmem.memory.ledger import Ledger
 
 __all__ = [
