@@ -1,4 +1,4 @@
-"""KV-state codec: parse llama.cpp sequence states and store their K/V rows as q8_0/q4_0.
+"""KV-state codec: parse llama.cpp sequence states, store their K/V rows as q8_0/q4_0, cut and join shared blocks.
 
 * `layout` parses and validates a `llama_state_seq_get_data` blob into a `StateLayout`
   (sections, streams, cell positions, per-layer K/V tensors with offsets) with `parse_state`.
@@ -9,6 +9,8 @@
 * `container` frames an encoded state (header, payload, checksum) with `encode_state` and
   `decode_state`, reads its header into an `EncodedInfo` with `encoded_info`, and parses
   `CodecSpec`, the choice of codecs for keys and values and of rotation.
+* `surgery` cuts a state blob into a shared block's cells and its own with `split_state`
+  and rebuilds it byte for byte with `join_state`.
 
 Example:
     >>> from agentmem.codec import CodecSpec, decode_state, encode_state, parse_state
@@ -40,6 +42,7 @@ from agentmem.codec.layout import (
     TensorLayout,
     parse_state,
 )
+from agentmem.codec.surgery import join_state, split_state
 
 __all__ = [
     "BLOB_MAGIC",
@@ -72,5 +75,7 @@ __all__ = [
     "get_kernels",
     "hadamard",
     "is_encoded",
+    "join_state",
     "parse_state",
+    "split_state",
 ]
