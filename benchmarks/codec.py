@@ -47,8 +47,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentmem.memory import codec as C
-from agentmem.memory.codec import CodecSpec, decode_state, encoded_info, parse_state
+from agentmem import codec as C
+from agentmem.codec import CodecSpec, decode_state, encoded_info, parse_state
 
 logger = logging.getLogger("benchmarks.codec")
 

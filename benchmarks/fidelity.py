@@ -71,9 +71,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import llama_cpp as _ll  # noqa: E402
 
+from agentmem import codec as C  # noqa: E402
+from agentmem.codec import CodecSpec, decode_state, encoded_info  # noqa: E402
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, TokenBatch, llama_build_info  # noqa: E402
-from agentmem.memory import codec as C  # noqa: E402
-from agentmem.memory.codec import CodecSpec, decode_state, encoded_info  # noqa: E402
 
 logger = logging.getLogger("benchmarks.fidelity")
 

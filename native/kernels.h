@@ -5,7 +5,7 @@
  * Every function exists in two builds that give IDENTICAL bytes:
  *   - a portable C build (any architecture, any compiler), and
  *   - an x86-64 AVX2 + F16C build selected at run time by a cpuid check.
- * The numpy implementation in agentmem/memory/codec.py produces the same bytes as
+ * The numpy implementation in agentmem/codec/kernels.py produces the same bytes as
  * well; the test suite compares all three bit for bit.
  *
  * Exactness rules (shared with the numpy code):

@@ -3,7 +3,7 @@
  *
  * Every function takes objects supporting the buffer protocol (bytes, bytearray,
  * memoryview, numpy arrays), checks their sizes, and runs the kernel with the GIL
- * released. Size errors raise ValueError; the Python layer (agentmem.memory.codec)
+ * released. Size errors raise ValueError; the Python layer (agentmem.codec.kernels)
  * turns them into CodecError where they come from untrusted data.
  */
 #define PY_SSIZE_T_CLEAN

@@ -1,9 +1,9 @@
 """Parked states: an agent's KV state copied out of its sequence into RAM.
 
-:class:`ParkedState` holds the (possibly quantized) bytes; a *park codec*
-(:func:`make_park_codec`) turns llama.cpp's f16 state blob into them and back.
-``f16`` keeps llama.cpp's bytes untouched (zero work on the restore path);
-``q8_0``/``q4_0``/``K/V`` specs go through :mod:`agentmem.memory.codec`.
+`ParkedState` holds the (possibly quantized) bytes; a *park codec*
+(`make_park_codec`) turns llama.cpp's f16 state blob into them and back.
+`f16` keeps llama.cpp's bytes untouched (zero work on the restore path);
+`q8_0`/`q4_0`/`K/V` specs go through `agentmem.codec`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ __all__ = ["ParkCodec", "ParkedState", "make_park_codec"]
 
 @dataclass(frozen=True, slots=True)
 class ParkedState:
-    """A parked KV state: ``data`` in ``codec`` format, ``n_tokens`` cells.
+    """A parked KV state: `data` in `codec` format, `n_tokens` cells.
 
-    With ``block`` set, ``data`` holds only the agent's private cells: the
-    shared prefix's cells are in that :class:`~agentmem.memory.shared.KVBlock`
-    and ``order`` joins the two (:func:`~agentmem.memory.shared.join_state`).
-    With ``swa_order`` set, ``swa_ckpt`` holds only the checkpoint's cells that the
+    With `block` set, `data` holds only the agent's private cells: the
+    shared prefix's cells are in that `agentmem.memory.shared.KVBlock`
+    and `order` joins the two (`agentmem.codec.join_state`).
+    With `swa_order` set, `swa_ckpt` holds only the checkpoint's cells that the
     state's own sliding-window layers lack (the reply's), joined on use.
     """
 
@@ -47,7 +47,7 @@ class ParkedState:
 
 
 class ParkCodec:
-    """Encode/decode whole state blobs for parking (identity for ``f16``)."""
+    """Encode/decode whole state blobs for parking (identity for `f16`)."""
 
     def __init__(self, spec: str, *, rotate: bool = False) -> None:
         self.spec = spec
@@ -60,7 +60,7 @@ class ParkCodec:
         self.k, self.v = parts
         self.identity = self.k == "f16" and self.v == "f16"
         if not self.identity:
-            from agentmem.memory import codec as _codec
+            from agentmem import codec as _codec
 
             for name in (self.k, self.v):
                 _codec.get_codec(name)  # raises PolicyError listing the valid names
@@ -80,5 +80,5 @@ class ParkCodec:
 
 
 def make_park_codec(spec: str, *, rotate: bool = False) -> ParkCodec:
-    """The park codec for a spec such as ``"f16"``, ``"q8_0"`` or ``"q8_0/q4_0"``."""
+    """The park codec for a spec such as `"f16"`, `"q8_0"` or `"q8_0/q4_0"`."""
     return ParkCodec(spec, rotate=rotate)

@@ -1,4 +1,4 @@
-"""Codecs, kernels and the encoded format of agentmem.memory.codec.
+"""Codecs, kernels and the encoded format of agentmem.codec.
 
 * contract tests over every registered codec (round trip, sizes, pass-through);
 * the native kernels (AVX2 and portable C) against the numpy kernels, bit for bit,
@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from agentmem.errors import CodecError, ConfigError, PolicyError
-from agentmem.memory import codec as C
-from agentmem.memory.codec import (
+from agentmem import codec as C
+from agentmem.codec import container as codec_container
+from agentmem.codec import kernels as codec_kernels
+from agentmem.codec import (
     CODECS,
     CodecSpec,
     decode_state,
@@ -63,7 +65,7 @@ def adversarial_f16(n: int, seed: int) -> np.ndarray:
 
 def quantize_with(kernels: str, type_id: int, x: np.ndarray, rot: int) -> np.ndarray:
     n = x.size
-    out = np.full(C._encoded_size(type_id, n, rot), 0xAA, dtype=np.uint8)
+    out = np.full(codec_kernels._encoded_size(type_id, n, rot), 0xAA, dtype=np.uint8)
     get_kernels(kernels).quantize(type_id, x.view(np.uint8), out, n, rot)
     return out
 
@@ -117,7 +119,7 @@ def test_codec_strategy_contract(name: str, kernels: str) -> None:
     x = (np.random.default_rng(8).standard_normal(300) * 3).astype("<f2")
     for rot in (0, 32, 64):
         size = codec.encoded_size(x.size, rot)
-        assert size == (2 * x.size if not codec.quantized else C._encoded_size(codec.codec_id, x.size, rot))
+        assert size == (2 * x.size if not codec.quantized else codec_kernels._encoded_size(codec.codec_id, x.size, rot))
         enc = np.zeros(size, np.uint8)
         codec.encode(get_kernels(kernels), x.view(np.uint8), enc, x.size, rot)
         out = np.zeros(2 * x.size, np.uint8)
@@ -167,7 +169,7 @@ def test_native_equals_numpy(type_id: int, bb: int, rot: int, simd: bool) -> Non
             x = adversarial_f16(n, seed=i + 10 * rot + type_id)
             qn = quantize_with("native", type_id, x, rot)
             qp = quantize_with("numpy", type_id, x, rot)
-            assert qn.size == C._encoded_size(type_id, n, rot)
+            assert qn.size == codec_kernels._encoded_size(type_id, n, rot)
             np.testing.assert_array_equal(qn, qp, err_msg=f"quantize n={n}")
             dn = dequantize_with("native", type_id, qn, n, rot)
             dp = dequantize_with("numpy", type_id, qn, n, rot)
@@ -188,7 +190,7 @@ def test_dequantize_arbitrary_blocks_native_equals_numpy(simd: bool) -> None:
         for type_id, bb in QUANT:
             for rot in (0, 32, 64):
                 n = 64 * 20 + 17
-                q = rng.integers(0, 256, C._encoded_size(type_id, n, rot), dtype=np.uint8)
+                q = rng.integers(0, 256, codec_kernels._encoded_size(type_id, n, rot), dtype=np.uint8)
                 scales = q.reshape(-1, bb)[:, :2].view("<u2")
                 # inf, NaN, the largest f16, and both sides of the kernels' no-saturation limits
                 special = [0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0xFBFF, 0x0001, 0x3C00, 0x5FFF, 0x6000, 0x6FFF, 0xF000]
@@ -435,7 +437,7 @@ def test_encoded_sizes_track_bits_per_value() -> None:
     kv = parse_state(blob).kv_bytes
     for spec, ratio in (("q8_0", 34 / 64), ("q4_0", 18 / 64), ("q8_0/q4_0", 26 / 64)):
         enc = encode_state(blob, k_codec=spec.split("/")[0], v_codec=spec.split("/")[-1])
-        overhead = len(blob) - kv + C._HEADER.size + C._TRAILER.size
+        overhead = len(blob) - kv + codec_container._HEADER.size + codec_container._TRAILER.size
         assert len(enc) == overhead + kv * ratio, spec
 
 

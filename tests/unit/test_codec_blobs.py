@@ -1,7 +1,7 @@
 """Synthetic llama.cpp sequence-state blobs, and the parser tests that use them.
 
 :func:`make_blob` writes a blob in the exact format of ``llama_state_seq_get_data``
-(see ``agentmem/memory/codec.py``), with any number of sections, streams, layers,
+(see ``agentmem/codec/layout.py``), with any number of sections, streams, layers,
 V layouts and tensor types, so the parser and codecs can be tested without a model.
 The other codec test modules import it from here.
 """
@@ -94,7 +94,7 @@ def iswa_blob(n_cells: int = 40, window: int = 16, *, v_trans: bool = False, see
 import pytest
 
 from agentmem.errors import CodecError
-from agentmem.memory.codec import parse_state
+from agentmem.codec import parse_state
 
 
 def test_parse_default_blob_layout() -> None:

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agentmem.errors import CodecError
-from agentmem.memory import codec as C
-from agentmem.memory.codec import CodecSpec, decode_state, encode_state, parse_state
+from agentmem import codec as C
+from agentmem.codec import CodecSpec, decode_state, encode_state, parse_state
 from tests.unit.test_codec_blobs import SectionSpec, StreamSpec, iswa_blob, make_blob
 
 N_PARSE = 4000

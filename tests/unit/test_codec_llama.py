@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
-from agentmem.memory import codec as C
-from agentmem.memory.codec import CodecSpec, decode_state, parse_state
+from agentmem import codec as C
+from agentmem.codec import CodecSpec, decode_state, parse_state
 
 SPECS = ["f16", "q8_0", "q4_0", "q8_0/q4_0", "q4_0+rot"]
 TEXT = (

@@ -21,7 +21,7 @@ import pytest
 
 from agentmem import ConfigError, MemoryPool, PolicyError, PoolConfig
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
-from agentmem.memory.codec import decode_state, encode_state, encoded_info, parse_state
+from agentmem.codec import decode_state, encode_state, encoded_info, parse_state
 from tests.fixtures import tiny_gguf
 
 SPECS = ["f16", "q8_0", "q4_0", "q8_0/q4_0"]
