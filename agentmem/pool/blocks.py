@@ -13,7 +13,8 @@ import logging
 import numpy as np
 
 from agentmem.errors import AgentMemError, StateError
-from agentmem.memory.shared import KVBlock, split_state
+from agentmem.codec import split_state
+from agentmem.memory.shared import KVBlock
 from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["BlockRefs"]

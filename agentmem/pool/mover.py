@@ -17,7 +17,7 @@ import numpy as np
 
 from agentmem.errors import AgentMemError, FingerprintMismatch, StateError
 from agentmem.memory.parking import ParkedState
-from agentmem.memory.shared import join_state
+from agentmem.codec import join_state
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from agentmem.errors import AgentMemError
-from agentmem.memory.codec import parse_state
-from agentmem.memory.shared import join_state, split_state
+from agentmem.codec import join_state, parse_state, split_state
 
 if TYPE_CHECKING:
     from agentmem.engine.context import LlamaContext
