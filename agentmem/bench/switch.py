@@ -88,12 +88,18 @@ def run(
     variants: tuple[str, ...] = ("llama", "llama+ram", "agentmem", "resident"),
     n_threads: int = 0,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns (and writes) the results dict."""
+    """Run the benchmark; returns (and writes) the results dict.
+
+    `n_threads=0` is resolved once here (`default_threads`), so every variant,
+    agentmem's and llama-cpp-python's, runs with the same count.
+    """
     from llama_cpp import Llama, LlamaRAMCache
 
     from agentmem import MemoryPool
+    from agentmem.engine.threads import default_threads
     from agentmem.model import resolve_model_path
 
+    n_threads = n_threads or default_threads()
     path = str(resolve_model_path(model_path))
     load_before = os.getloadavg()
     n_ctx = max(4096, history_tokens + rounds * 120 + 512)
@@ -125,8 +131,7 @@ def run(
     results: dict[str, Any] = {}
 
     def llama_variant(name: str, use_cache: bool) -> None:
-        threads = n_threads or None
-        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=threads, n_threads_batch=threads)
+        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=n_threads, n_threads_batch=n_threads)
         if use_cache:
             llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
 
@@ -197,7 +202,7 @@ def run(
             "cores": os.cpu_count(),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
-            "n_threads": n_threads or "all",
+            "n_threads": n_threads,
         },
         "config": {"n_agents": n_agents, "history_tokens": hist_sizes, "rounds": rounds, "max_tokens": max_tokens, "model": Path(path).name},
         "results": results,
@@ -245,7 +250,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants", default="llama,llama+ram,agentmem,resident", help="comma-separated variants to run (all)"
     )
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for every variant (0 = all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads for every variant (0 = AGENTMEM_THREADS or cores less the load)"
+    )
 
 
 def run_args(args: argparse.Namespace) -> int:
