@@ -39,39 +39,25 @@ except ImportError as exc:  # pragma: no cover - exercised only without the depe
         "agentmem needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
     ) from exc
 
+from agentmem.engine import llama_log  # after the gate: it imports llama_cpp too
+
 __all__ = ["KVType", "LlamaContext", "LlamaModel", "TokenBatch", "llama_build_info"]
 
 logger = logging.getLogger(__name__)
-_llama_log = logging.getLogger("agentmem.llama_cpp")
 
 #: KV cache element types accepted by `type_k`/`type_v` (name -> ggml type id).
 KVType = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
-# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
-_GGML_LEVEL = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 _SWA_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_SWA_ONLY / PARTIAL_ONLY
 _backend_lock = threading.Lock()
 _backend_ready = False
-
-
-@_ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs loudly on stderr by default; route it to logging instead.
-    # Everything below WARNING is DEBUG for us (model loading chatter).
-    py_level = _GGML_LEVEL.get(level, logging.DEBUG)
-    if py_level < logging.ERROR:  # load-time chatter and notices are DEBUG for us
-        py_level = logging.DEBUG
-    if _llama_log.isEnabledFor(py_level):
-        msg = text.decode("utf-8", "replace").rstrip()
-        if msg:
-            _llama_log.log(py_level, "%s", msg)
 
 
 def _ensure_backend() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
-            _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_log.install()
             _ll.llama_backend_init()
             _backend_ready = True
 
@@ -541,7 +527,7 @@ class LlamaContext:
     def swa_state_set(self, seq: int, blob: np.ndarray) -> int:
         """Replace only the sliding-window layers of `seq` from `swa_state_get` (0 = rejected)."""
         self._check_seq(seq)
-        with self.lock:
+        with self.lock, llama_log.restore_attempt():
             return _ll.llama_state_seq_set_data_ext(
                 self.ptr, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.nbytes, seq, _SWA_ONLY
             )
@@ -556,7 +542,7 @@ class LlamaContext:
         arr = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
         if arr.dtype != np.uint8 or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=np.uint8)
-        with self.lock:
+        with self.lock, llama_log.restore_attempt():
             _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
             return _ll.llama_state_seq_set_data(
                 self.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), arr.nbytes, seq
