@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.metadata
 
@@ -49,8 +50,6 @@ def test_every_benchmark_parses_its_defaults_like_its_own_script(name: str) -> N
     module = importlib.import_module(BENCHMARKS[name])
     args = build_parser().parse_args(["bench", name])
     assert args.handler is module.run_args
-    import argparse
-
     own = argparse.ArgumentParser()
     module.add_arguments(own)
     assert {k: v for k, v in vars(args).items() if k not in ("command", "benchmark", "handler")} == vars(own.parse_args([]))
