@@ -1,34 +1,40 @@
-"""The ``agentmem`` command.
+"""The `agentmem` command.
 
-``main(argv)`` builds one argparse parser with a subcommand per area and runs
+`main(argv)` builds one argparse parser with a subcommand per area and runs
 the chosen handler. Each area registers itself through a function in
-:data:`COMMANDS` that adds its subparser and sets ``handler`` on it, so a new
-area (``bench``…) is one more function in that list.
+`COMMANDS` that adds its subparser and sets `handler` on it, so a new
+area is one more function in that list.
 
-Commands today::
+Commands today:
 
-    agentmem archive ls PATH [--json]
-    agentmem archive show PATH AGENT [--events N] [--json]
-    agentmem archive rm PATH AGENT [AGENT ...]
-    agentmem archive vacuum PATH
-    agentmem archive search PATH QUERY [--agent AGENT] [-k K]
+```text
+agentmem --version
+agentmem archive ls PATH [--json]
+agentmem archive show PATH AGENT [--events N] [--json]
+agentmem archive rm PATH AGENT [AGENT ...]
+agentmem archive vacuum PATH
+agentmem archive search PATH QUERY [--agent AGENT] [-k K]
+agentmem bench NAME [options]      every benchmark in agentmem.bench.BENCHMARKS (switch)
+```
 
 Errors agentmem raises on purpose (and OS errors) print one line on stderr and
-exit with status 2, without a traceback. ``ls``, ``show`` and ``search`` open
-the archive read-only, so they work while a pool is using it; ``rm`` and
-``vacuum`` need the archive's exclusive lock.
+exit with status 2, without a traceback; so does an unknown benchmark name.
+`ls`, `show` and `search` open the archive read-only, so they work while a pool
+is using it; `rm` and `vacuum` need the archive's exclusive lock.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import importlib.metadata
 import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from agentmem.errors import AgentMemError, UnknownAgentError
 
@@ -38,6 +44,45 @@ EXIT_OK = 0
 EXIT_ERROR = 2
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose usage errors can be one line (`brief_errors=True`).
+
+    Sub-parsers made with `add_parser` are of this class too and take the keyword.
+    """
+
+    def __init__(self, *args: Any, brief_errors: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.brief_errors = brief_errors
+
+    def error(self, message: str) -> NoReturn:
+        if not self.brief_errors:
+            super().error(message)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: prints agentmem's and llama-cpp-python's versions, then exits 0.
+
+    The versions are read when the flag is used, so building the parser imports nothing.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from agentmem import __version__
+
+        print(f"agentmem {__version__} (llama-cpp-python {_package_version('llama-cpp-python')})")
+        parser.exit(EXIT_OK)
 
 
 def human_bytes(n: float) -> str:
@@ -244,13 +289,36 @@ def _add_archive_commands(sub: argparse._SubParsersAction) -> None:
     search.set_defaults(handler=_archive_search)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_archive_commands]
-"""Functions that each add one top-level subcommand (with ``handler`` defaults)."""
+# --------------------------------------------------------------------------- bench
+
+
+def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
+    # Imported here: agentmem.bench is a registry of module names, cheap to read.
+    from agentmem.bench import BENCHMARKS
+
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark shipped with agentmem",
+        description="Benchmarks shipped with agentmem; `agentmem bench NAME --help` lists a benchmark's options.",
+        brief_errors=True,
+    )
+    cmds = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, module_name in BENCHMARKS.items():
+        module = importlib.import_module(module_name)
+        summary = (module.__doc__ or name).strip().split("\n\n")[0].replace("\n", " ")
+        bench = cmds.add_parser(name, help=summary, description=summary)
+        module.add_arguments(bench)
+        bench.set_defaults(handler=module.run_args)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_archive_commands, _add_bench_commands]
+"""Functions that each add one top-level subcommand (with `handler` defaults)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``agentmem`` argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="agentmem", description="agentmem command-line tools")
+    """The `agentmem` argument parser with every registered subcommand and `--version`."""
+    parser = _Parser(prog="agentmem", description="agentmem command-line tools")
+    parser.add_argument("--version", action=_VersionAction, help="print agentmem's and llama-cpp-python's versions")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
@@ -258,10 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``agentmem`` command; returns the exit status.
+    """Run the `agentmem` command; returns the exit status.
 
     Args:
-        argv: arguments without the program name; ``None`` reads ``sys.argv``.
+        argv: arguments without the program name; `None` reads `sys.argv`.
 
     Returns:
         0 on success, 2 on errors (usage errors exit through argparse with 2).

@@ -1,4 +1,4 @@
-"""Typed, keyword-only, serializable configuration of a :class:`~agentmem.MemoryPool`.
+"""Typed, keyword-only, serializable configuration of a `MemoryPool`.
 
 >>> cfg = PoolConfig(n_ctx=4096, resident_agents=2)
 >>> PoolConfig.from_dict(cfg.to_dict()) == cfg
@@ -27,56 +27,57 @@ class PoolConfig:
     """Settings of a memory pool. Every field is keyword-only and JSON-friendly.
 
     Attributes:
-        model_path: GGUF file; ``None`` = ``AGENTMEM_MODEL`` or the bundled default model.
+        model_path: GGUF file; `None` = `AGENTMEM_MODEL` or the bundled default model.
         n_ctx: KV cells of the shared context (all resident agents together).
         resident_agents: agents that keep a live llama.cpp sequence at once
-            (``n_seq_max``); others are parked in RAM and restored on demand.
-        agent_capacity: tokens one agent may hold (``0`` = ``n_ctx``); a longer
-            prompt raises :class:`~agentmem.errors.ContextOverflowError`.
-        n_batch: tokens per ``llama_decode`` call (prefill chunk size).
+            (`n_seq_max`); others are parked in RAM and restored on demand.
+        agent_capacity: tokens one agent may hold (`0` = `n_ctx`); a longer
+            prompt raises `ContextOverflowError`.
+        n_batch: tokens per `llama_decode` call (prefill chunk size).
         n_ubatch: physical micro-batch size.
-        n_threads: CPU threads (``0`` = all cores).
-        n_gpu_layers: layers offloaded on CUDA/Metal builds (``-1`` = all).
+        n_threads: CPU threads of llama.cpp (`0` = `AGENTMEM_THREADS`, else the physical
+            cores less the machine's load; see `agentmem.engine.threads.default_threads`).
+        n_gpu_layers: layers offloaded on CUDA/Metal builds (`-1` = all).
         flash_attn: enable flash attention (required for a quantized V cache).
-        type_k: element type of the live K cache (``f16``, ``q8_0``, ``q4_0`` ...).
+        type_k: element type of the live K cache (`f16`, `q8_0`, `q4_0` ...).
         type_v: element type of the live V cache.
         swa_full: keep full-size sliding-window layers (needed for partial
-            ``seq_rm`` and position shifts on Gemma 3).
-        chat_format: ``auto``, ``gemma``, ``chatml`` or ``jinja``.
-        park_codec: how parked states are stored in RAM: ``f16`` (as llama.cpp
-            returns them), ``q8_0``, ``q4_0`` or ``K/V`` such as ``q8_0/q4_0``.
+            `seq_rm` and position shifts on Gemma 3).
+        chat_format: `auto`, `gemma`, `chatml` or `jinja`.
+        park_codec: how parked states are stored in RAM: `f16` (as llama.cpp
+            returns them), `q8_0`, `q4_0` or `K/V` such as `q8_0/q4_0`.
         park_rotate: Hadamard-rotate rows before 4-bit parking.
         seed: default sampling seed.
-        archive_path: SQLite file for the COLD tier and durability (``None`` = RAM only).
+        archive_path: SQLite file for the COLD tier and durability (`None` = RAM only).
             A new pool on the same file resumes every agent.
-        warm_budget_bytes: RAM for parked states (``0`` = unlimited); above the high
+        warm_budget_bytes: RAM for parked states (`0` = unlimited); above the high
             watermark the placement policy demotes states to COLD (or drops them
             without an archive) until below the low watermark.
-        cold_budget_bytes: disk for states (``0`` = unlimited); above it the lowest
+        cold_budget_bytes: disk for states (`0` = unlimited); above it the lowest
             ranked states are dropped (their ledgers stay; they re-prefill).
         watermark_high: fraction of a budget that triggers demotion.
         watermark_low: fraction of a budget demotion stops at (hysteresis).
-        placement: ``cost`` (default) or ``lru``.
-        cold_codec: codec of states in the archive (``q8_0/q4_0`` = keys q8_0, values q4_0).
-        background_codec: RAM codec of background-priority agents under ``cost``.
+        placement: `cost` (default) or `lru`.
+        cold_codec: codec of states in the archive (`q8_0/q4_0` = keys q8_0, values q4_0).
+        background_codec: RAM codec of background-priority agents under `cost`.
         prefetch: restore the predicted next agent ahead of its call.
-        agent_budget_tokens: live tokens an agent may keep (``0`` = no eviction;
-            prompts longer than ``agent_capacity`` then raise). With a budget, the
+        agent_budget_tokens: live tokens an agent may keep (`0` = no eviction;
+            prompts longer than `agent_capacity` then raise). With a budget, the
             eviction policy trims the agent instead of raising.
-        eviction: ``region_decay`` (default), ``sliding_window`` or ``streaming_llm``.
+        eviction: `region_decay` (default), `sliding_window` or `streaming_llm`.
         eviction_low: evict down to this fraction of the budget (low watermark).
         eviction_block: tokens per eviction block.
         batch_decode: decode the next token of all concurrently generating agents
-            in one ``llama_decode`` (continuous batching). The gain depends on the
+            in one `llama_decode` (continuous batching). The gain depends on the
             model: measured 1.32x aggregate tokens/s at 4 agents and 1.69x at 8 on
             2 CPU cores with Gemma 3 270M, whose 262k-token output layer costs the
             same per row batched or not. llama.cpp's CPU kernels round differently
             for a batch than for one row, so greedy replies can drift from
-            one-at-a-time decoding after some tokens; ``False`` gives bitwise
+            one-at-a-time decoding after some tokens; `False` gives bitwise
             one-at-a-time decoding.
         min_share_tokens: a new agent whose prompt starts with at least this many
             tokens another agent (or a declared share) holds gets those cells
-            copied (``seq_cp`` / restore) instead of prefilling them.
+            copied (`seq_cp` / restore) instead of prefilling them.
     """
 
     model_path: str | None = None
@@ -148,12 +149,12 @@ class PoolConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
+        """Inverse of `to_dict`; unknown keys are an error naming them."""
         return cls.build(**dict(data))
 
     @classmethod
     def build(cls, **kwargs: Any) -> PoolConfig:
-        """Like the constructor, but an unknown key raises :class:`ConfigError` listing the valid ones."""
+        """Like the constructor, but an unknown key raises `ConfigError` listing the valid ones."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:

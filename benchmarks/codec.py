@@ -84,7 +84,7 @@ def corpus_text(min_chars: int) -> str:
     return "\n\n".join(parts)
 
 
-def real_state(n_tokens: int, *, flash_attn: bool) -> tuple[np.ndarray, dict[str, Any]]:
+def real_state(n_tokens: int, *, flash_attn: bool, n_threads: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     """Prefill ``n_tokens`` of prose into sequence 0 of the default model; return its blob."""
     from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
     from agentmem.model import resolve_model_path
@@ -94,7 +94,7 @@ def real_state(n_tokens: int, *, flash_attn: bool) -> tuple[np.ndarray, dict[str
         tokens = model.tokenize(corpus_text(8 * n_tokens), add_special=True)[:n_tokens]
         if len(tokens) < n_tokens:
             raise SystemExit(f"corpus too short: {len(tokens)} tokens")
-        params = ContextParams(n_ctx=max(4096, n_tokens + 64), n_seq_max=2, flash_attn=flash_attn)
+        params = ContextParams(n_ctx=max(4096, n_tokens + 64), n_seq_max=2, flash_attn=flash_attn, n_threads=n_threads)
         with LlamaContext(model, params) as ctx:
             t0 = time.perf_counter()
             ctx.decode_run(0, tokens, 0)
@@ -290,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--numpy-repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench-results/codec.json"))
+    ap.add_argument(
+        "--threads", type=int, default=0, help="llama.cpp threads of the prefill (0 = AGENTMEM_THREADS or cores less the load)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
 
     if args.synthetic:
         blob, meta = synthetic_state(args.tokens)
@@ -300,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"model": f"saved state {args.state}", "tokens": parse_state(blob).n_cells}
     else:
         logger.info("prefilling %d tokens into the default model (flash_attn=%s)...", args.tokens, not args.no_flash)
-        blob, meta = real_state(args.tokens, flash_attn=not args.no_flash)
+        blob, meta = real_state(args.tokens, flash_attn=not args.no_flash, n_threads=args.threads)
         if args.state:
             args.state.parent.mkdir(parents=True, exist_ok=True)
             blob.tofile(args.state)

@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="budgets as fractions of the trace")
     ap.add_argument("--policies", nargs="+", default=list(POLICY_ORDER), choices=sorted(POLICIES))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = AGENTMEM_THREADS or cores less the load)")
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="1.5k trace at 50%% budget only")
     ap.add_argument("--simulate", type=int, default=0, metavar="SEEDS",

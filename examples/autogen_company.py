@@ -40,6 +40,8 @@ from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
 from autogen_core.models import ChatCompletionClient
 
+from agentmem.engine.threads import default_threads
+
 COMPANY = """\
 Company handbook (shared by every employee of Acme Tasks):
 Acme Tasks builds "Tasker", a to-do list app for small teams, sold as a monthly
@@ -226,7 +228,7 @@ async def run_agentmem(args: argparse.Namespace) -> list[TeamRun]:
     with MemoryPool(args.model, n_ctx=args.n_ctx, resident_agents=args.resident, n_threads=args.threads) as pool:
         print(
             f"agentmem pool: {pool.model_path.name}, n_ctx={args.n_ctx}, resident_agents={args.resident}, "
-            f"threads={args.threads or os.cpu_count()}"
+            f"threads={args.threads}"
         )
         for kind in args.teams:
             record = TeamRun("agentmem", kind)
@@ -275,7 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="GGUF path (default: the bundled Gemma 3 270M)")
     p.add_argument("--rounds", type=int, default=6, help="turns per agent (default 6)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for both systems (0 = all cores)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="CPU threads for both systems (0 = AGENTMEM_THREADS or cores less the load)"
+    )
     p.add_argument("--n-ctx", type=int, default=16384, help="agentmem pool context (all agents)")
     p.add_argument("--resident", type=int, default=4, help="agents with a live sequence (others parked in RAM)")
     p.add_argument("--teams", default="round-robin,selector", help="comma list: round-robin,selector")
@@ -284,6 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the measurements here")
     args = p.parse_args(argv)
     args.teams = [t.strip() for t in args.teams.split(",") if t.strip()]
+    # one count for agentmem and the baseline, chosen once (before either side loads the CPU)
+    args.threads = args.threads or default_threads()
     bad = sorted(set(args.teams) - {"round-robin", "selector"})
     if bad:
         p.error(f"unknown team kind(s) {bad}; valid: round-robin, selector")

@@ -47,6 +47,8 @@ from autogen_ext.models.llama_cpp import LlamaCppChatCompletionClient
 from llama_cpp import llama_chat_format
 from llama_cpp.llama_grammar import LlamaGrammar
 
+from agentmem.engine.threads import default_threads
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from autogen_company import (  # noqa: E402
     NAMES,
@@ -122,7 +124,7 @@ def make_client(args: Any) -> TimedLlamaCppClient:
     handler = llama_chat_format.Jinja2ChatFormatter(
         template=GEMMA3_TEMPLATE, eos_token="<end_of_turn>", bos_token="<bos>"
     ).to_chat_handler()
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or default_threads()
     return TimedLlamaCppClient(
         defaults={"max_tokens": args.max_tokens, "temperature": 0.0},
         model_path=str(resolve_model_path(args.model)),
@@ -139,7 +141,7 @@ def make_client(args: Any) -> TimedLlamaCppClient:
 
 async def run_baseline(args: Any) -> list[TeamRun]:
     base = make_client(args)
-    threads = args.threads or os.cpu_count()
+    threads = args.threads or default_threads()
     print(f"\nbaseline: LlamaCppChatCompletionClient, one shared Llama, n_ctx=8192, threads={threads}")
     runs: list[TeamRun] = []
     try:

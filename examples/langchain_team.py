@@ -218,10 +218,16 @@ def main(argv: list[str] | None = None, backend_factory: Callable[[argparse.Name
     parser.add_argument("--model", default=None, help="GGUF path (default: the bundled Gemma 3 270M)")
     parser.add_argument("--rounds", type=int, default=3, choices=range(1, len(TOPICS) + 1))
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="llama.cpp threads (0 = AGENTMEM_THREADS or cores less the load)"
+    )
     parser.add_argument("--resident", type=int, default=2, help="agents with a live sequence (others are parked in RAM)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
+    # resolved here, so agentmem and the ChatLlamaCpp baseline run with the same count
+    from agentmem.engine.threads import default_threads
+
+    args.threads = args.threads or default_threads()
     if backend_factory is None:
         from agentmem import resolve_model_path
 

@@ -67,12 +67,12 @@ class ChatLlamaCppBackend:
             model_path=model,
             n_ctx=8192,
             n_batch=512,  # ChatLlamaCpp's default of 8 would make prefill ~10x slower
-            n_threads=threads or None,
+            n_threads=threads,
             temperature=0.0,
             repeat_penalty=1.0,
             max_tokens=48,
             verbose=False,
-            model_kwargs={"chat_format": "agentmem-gemma", "flash_attn": True, "n_threads_batch": threads or None},
+            model_kwargs={"chat_format": "agentmem-gemma", "flash_attn": True, "n_threads_batch": threads},
         )
         self.client = self.llm.client
 

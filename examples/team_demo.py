@@ -9,7 +9,7 @@ reused (live), restored (parked → live) or prefilled (computed from scratch).
 At the end, the same history is re-prefilled from scratch once, to show what a
 switch costs without agentmem.
 
-    python examples/team_demo.py [--rounds 3] [--resident 2] [--max-tokens 40]
+    python examples/team_demo.py [--rounds 3] [--resident 2] [--max-tokens 40] [--threads 1]
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resident", type=int, default=2, help="live sequences (fewer than agents → park/restore)")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--park-codec", default="f16", help="f16, q8_0, q4_0 or q8_0/q4_0")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = AGENTMEM_THREADS or cores less the load)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
 
     t0 = time.perf_counter()
-    pool = MemoryPool(n_ctx=8192, resident_agents=args.resident, park_codec=args.park_codec)
+    pool = MemoryPool(n_ctx=8192, resident_agents=args.resident, park_codec=args.park_codec, n_threads=args.threads)
     print(f"loaded {pool.model_path.name} in {time.perf_counter() - t0:.1f}s — "
           f"{len(AGENTS)} agents, {args.resident} live sequences, parked states as {args.park_codec}\n")
 

@@ -4,15 +4,15 @@ N agents (default 4), each with a ~1,500-token history, are called round-robin
 for several rounds, each call adding a short user turn. Measured in one run, on
 the same prompts (identical token lists):
 
-* ``llama``     — one plain llama-cpp-python ``Llama`` shared by all agents (what
-  LangChain's ``ChatLlamaCpp`` and AutoGen's ``LlamaCppChatCompletionClient`` do):
+* `llama`     — one plain llama-cpp-python `Llama` shared by all agents (what
+  LangChain's `ChatLlamaCpp` and AutoGen's `LlamaCppChatCompletionClient` do):
   every switch re-fills the context.
-* ``llama+ram`` — the same with ``LlamaRAMCache`` (whole-context states keyed by prefix).
-* ``agentmem``  — a ``MemoryPool`` with fewer live sequences than agents
-  (``resident_agents = N // 2``): every switch parks one agent and restores another.
-* ``resident``  — a ``MemoryPool`` with every agent resident: the floor.
+* `llama+ram` — the same with `LlamaRAMCache` (whole-context states keyed by prefix).
+* `agentmem`  — a `MemoryPool` with fewer live sequences than agents
+  (`resident_agents = N // 2`): every switch parks one agent and restores another.
+* `resident`  — a `MemoryPool` with every agent resident: the floor.
 
-Run: ``python benchmarks/switch.py`` or ``agentmem bench switch``.
+Run: `python benchmarks/switch.py` or `agentmem bench switch`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ROLES = ["planner", "researcher", "coder", "reviewer", "writer", "tester", "desi
 
 
 def build_histories(n_agents: int, target_tokens: int, count: Callable[[list[dict]], int]) -> dict[str, list[dict]]:
-    """Deterministic conversations of about ``target_tokens`` tokens per agent."""
+    """Deterministic conversations of about `target_tokens` tokens per agent."""
     out: dict[str, list[dict]] = {}
     for i in range(n_agents):
         role = ROLES[i % len(ROLES)] + ("" if i < len(ROLES) else str(i))
@@ -88,12 +88,18 @@ def run(
     variants: tuple[str, ...] = ("llama", "llama+ram", "agentmem", "resident"),
     n_threads: int = 0,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns (and writes) the results dict."""
+    """Run the benchmark; returns (and writes) the results dict.
+
+    `n_threads=0` is resolved once here (`default_threads`), so every variant,
+    agentmem's and llama-cpp-python's, runs with the same count.
+    """
     from llama_cpp import Llama, LlamaRAMCache
 
     from agentmem import MemoryPool
+    from agentmem.engine.threads import default_threads
     from agentmem.model import resolve_model_path
 
+    n_threads = n_threads or default_threads()
     path = str(resolve_model_path(model_path))
     load_before = os.getloadavg()
     n_ctx = max(4096, history_tokens + rounds * 120 + 512)
@@ -125,8 +131,7 @@ def run(
     results: dict[str, Any] = {}
 
     def llama_variant(name: str, use_cache: bool) -> None:
-        threads = n_threads or None
-        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=threads, n_threads_batch=threads)
+        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=n_threads, n_threads_batch=n_threads)
         if use_cache:
             llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
 
@@ -197,7 +202,7 @@ def run(
             "cores": os.cpu_count(),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
-            "n_threads": n_threads or "all",
+            "n_threads": n_threads,
         },
         "config": {"n_agents": n_agents, "history_tokens": hist_sizes, "rounds": rounds, "max_tokens": max_tokens, "model": Path(path).name},
         "results": results,
@@ -234,17 +239,24 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="agentmem bench switch", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents", type=int, default=4)
-    ap.add_argument("--history-tokens", type=int, default=1500)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--out", default="bench-results/switch.json")
-    ap.add_argument("--variants", default="llama,llama+ram,agentmem,resident")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads for every variant (0 = all cores)")
-    args = ap.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to `parser` (its own, or `agentmem bench switch`)."""
+    parser.add_argument("--agents", type=int, default=4, help="agents taking turns (4)")
+    parser.add_argument("--history-tokens", type=int, default=1500, help="history tokens per agent (1500)")
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds measured (3)")
+    parser.add_argument("--max-tokens", type=int, default=8, help="tokens generated per call (8)")
+    parser.add_argument("--model", default=None, help="GGUF file (default: AGENTMEM_MODEL or the bundled model)")
+    parser.add_argument("--out", default="bench-results/switch.json", help="JSON results file ('' = none)")
+    parser.add_argument(
+        "--variants", default="llama,llama+ram,agentmem,resident", help="comma-separated variants to run (all)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads for every variant (0 = AGENTMEM_THREADS or cores less the load)"
+    )
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run the benchmark with parsed options (see `add_arguments`); returns the exit status."""
     run(
         n_agents=args.agents,
         history_tokens=args.history_tokens,
@@ -256,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         n_threads=args.threads,
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python benchmarks/switch.py [options]`: parse `argv` and run."""
+    ap = argparse.ArgumentParser(prog="agentmem bench switch", description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    return run_args(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

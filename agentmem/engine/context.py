@@ -2,18 +2,18 @@
 
 Three owners of native handles live here:
 
-* :class:`LlamaModel` loads a GGUF file once (weights, vocabulary, chat template)
+* `LlamaModel` loads a GGUF file once (weights, vocabulary, chat template)
   and tokenizes / detokenizes.
-* :class:`LlamaContext` is one ``llama_context`` with several sequences in a
+* `LlamaContext` is one `llama_context` with several sequences in a
   unified KV cache: batched decode of token runs, sequence operations
-  (``seq_rm``/``seq_cp``/``seq_add``) and per-sequence state get/set. All calls that
+  (`seq_rm`/`seq_cp`/`seq_add`) and per-sequence state get/set. All calls that
   touch the context go through one re-entrant lock; a context is not thread-safe.
-* :class:`TokenBatch` is a ``llama_batch`` whose arrays are numpy buffers, so
+* `TokenBatch` is a `llama_batch` whose arrays are numpy buffers, so
   filling a batch of N tokens costs a few numpy assignments, not N Python steps.
 
-Handles free themselves deterministically on ``close()``/``__exit__`` (idempotent)
+Handles free themselves deterministically on `close()`/`__exit__` (idempotent)
 and, as a last resort, on garbage collection; a context keeps its model alive.
-Every C return code is checked at once and turned into :class:`EngineError`
+Every C return code is checked at once and turned into `EngineError`
 naming the call.
 """
 
@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from agentmem.engine.threads import default_threads
 from agentmem.errors import ConfigError, EngineError, ModelError, ModelNotFoundError
 
 try:  # gated: llama-cpp-python is a hard dependency, but give a clear message
@@ -38,39 +39,25 @@ except ImportError as exc:  # pragma: no cover - exercised only without the depe
         "agentmem needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
     ) from exc
 
+from agentmem.engine import llama_log  # after the gate: it imports llama_cpp too
+
 __all__ = ["KVType", "LlamaContext", "LlamaModel", "TokenBatch", "llama_build_info"]
 
 logger = logging.getLogger(__name__)
-_llama_log = logging.getLogger("agentmem.llama_cpp")
 
-#: KV cache element types accepted by ``type_k``/``type_v`` (name -> ggml type id).
+#: KV cache element types accepted by `type_k`/`type_v` (name -> ggml type id).
 KVType = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
-# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
-_GGML_LEVEL = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 _SWA_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_SWA_ONLY / PARTIAL_ONLY
 _backend_lock = threading.Lock()
 _backend_ready = False
-
-
-@_ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs loudly on stderr by default; route it to logging instead.
-    # Everything below WARNING is DEBUG for us (model loading chatter).
-    py_level = _GGML_LEVEL.get(level, logging.DEBUG)
-    if py_level < logging.ERROR:  # load-time chatter and notices are DEBUG for us
-        py_level = logging.DEBUG
-    if _llama_log.isEnabledFor(py_level):
-        msg = text.decode("utf-8", "replace").rstrip()
-        if msg:
-            _llama_log.log(py_level, "%s", msg)
 
 
 def _ensure_backend() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
-            _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_log.install()
             _ll.llama_backend_init()
             _backend_ready = True
 
@@ -88,13 +75,12 @@ class LlamaModel:
     """A loaded GGUF model: weights, vocabulary, metadata.
 
     Args:
-        path: the ``.gguf`` file.
+        path: the `.gguf` file.
         n_gpu_layers: layers to offload when llama.cpp was built with CUDA/Metal
-            (``-1`` = all, ``0`` = CPU only).
+            (`-1` = all, `0` = CPU only).
         use_mmap: map the file instead of reading it.
 
-    Example::
-
+    Example:
         >>> m = LlamaModel("gemma-3-270m-it-Q4_K_M.gguf")   # doctest: +SKIP
         >>> m.tokenize("Hello", add_special=True)            # doctest: +SKIP
         [2, 9259]
@@ -157,7 +143,7 @@ class LlamaModel:
 
     # -- metadata -------------------------------------------------------------
     def meta(self, key: str) -> str | None:
-        """A GGUF metadata value as a string, or ``None`` when absent."""
+        """A GGUF metadata value as a string, or `None` when absent."""
         buf = ctypes.create_string_buffer(1 << 16)
         n = _ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         if n < 0:
@@ -195,7 +181,7 @@ class LlamaModel:
         return int(round(n_layer * per_layer)) + 12 if n_layer and per_layer else 0
 
     def has_special(self, text: str) -> bool:
-        """True when ``text`` is a single special token of this vocabulary."""
+        """True when `text` is a single special token of this vocabulary."""
         return len(self.tokenize(text, add_special=False, parse_special=True)) == 1
 
     def description(self) -> str:
@@ -205,8 +191,8 @@ class LlamaModel:
 
     # -- text <-> tokens ----------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Tokenize ``text``. ``add_special`` adds BOS when the model wants one;
-        ``parse_special`` turns ``<start_of_turn>``-style markers into their tokens."""
+        """Tokenize `text`. `add_special` adds BOS when the model wants one;
+        `parse_special` turns `<start_of_turn>`-style markers into their tokens."""
         data = text.encode("utf-8")
         # a buffer per call: prompts are rendered outside the pool lock, from many threads
         buf = (_ll.llama_token * (len(data) + 8))()
@@ -236,7 +222,7 @@ class LlamaModel:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, ``<end_of_turn>``, ``<|im_end|>``...)."""
+        """True for end-of-generation tokens (EOS, `<end_of_turn>`, `<|im_end|>`...)."""
         v = self._eog_cache.get(token)
         if v is None:
             v = self._eog_cache[token] = bool(_ll.llama_vocab_is_eog(self.vocab, token))
@@ -244,9 +230,9 @@ class LlamaModel:
 
 
 class TokenBatch:
-    """A ``llama_batch`` backed by numpy arrays (one sequence id per token).
+    """A `llama_batch` backed by numpy arrays (one sequence id per token).
 
-    Filling it is vectorized: ``fill(tokens, pos0, seq)`` writes the token ids,
+    Filling it is vectorized: `fill(tokens, pos0, seq)` writes the token ids,
     positions and sequence ids with numpy, no per-token Python loop.
     """
 
@@ -275,7 +261,7 @@ class TokenBatch:
         self.n = 0
 
     def add_run(self, tokens: Sequence[int] | np.ndarray, pos0: int, seq: int, *, logits_last: bool) -> int:
-        """Append a run of tokens of one sequence at positions ``pos0...``.
+        """Append a run of tokens of one sequence at positions `pos0...`.
 
         Returns the batch index of the run's last token (where its logits land).
         """
@@ -299,7 +285,7 @@ class TokenBatch:
 
 @dataclass(frozen=True, slots=True)
 class ContextParams:
-    """Low-level settings of one :class:`LlamaContext` (see ``PoolConfig`` for docs)."""
+    """Low-level settings of one `LlamaContext` (see `PoolConfig` for docs)."""
 
     n_ctx: int = 8192
     n_seq_max: int = 4
@@ -314,13 +300,12 @@ class ContextParams:
 
 
 class LlamaContext:
-    """One ``llama_context`` with ``n_seq_max`` sequences in a unified KV cache.
+    """One `llama_context` with `n_seq_max` sequences in a unified KV cache.
 
     All methods take the context's lock; callers that chain several calls
-    (restore, then decode) may hold ``ctx.lock`` themselves (it is re-entrant).
+    (restore, then decode) may hold `ctx.lock` themselves (it is re-entrant).
 
-    Example::
-
+    Example:
         >>> ctx = LlamaContext(model, ContextParams(n_ctx=2048, n_seq_max=2))  # doctest: +SKIP
         >>> idx = ctx.decode_run(seq=0, tokens=model.tokenize("Hi", add_special=True), pos0=0)  # doctest: +SKIP
         >>> blob = ctx.state_get(0); ctx.state_set(1, blob)                      # doctest: +SKIP
@@ -342,7 +327,7 @@ class LlamaContext:
         cp.n_batch = params.n_batch
         cp.n_ubatch = params.n_ubatch
         cp.n_seq_max = params.n_seq_max
-        threads = params.n_threads or max(1, os.cpu_count() or 1)
+        threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = threads
         cp.flash_attn_type = 1 if params.flash_attn else 0
@@ -400,11 +385,11 @@ class LlamaContext:
             raise EngineError(f"sequence id {seq} out of range [0, {self.params.n_seq_max})")
 
     def decode_run(self, seq: int, tokens: Sequence[int] | np.ndarray, pos0: int) -> int:
-        """Decode ``tokens`` into ``seq`` at positions ``pos0...`` (chunked by ``n_batch``).
+        """Decode `tokens` into `seq` at positions `pos0...` (chunked by `n_batch`).
 
         Logits are computed for the last token only. Returns the batch index to
-        pass to :meth:`logits` / the sampler (valid until the next decode).
-        Raises :class:`EngineError` (``code`` attribute 1 = no KV slot).
+        pass to `logits` / the sampler (valid until the next decode).
+        Raises `EngineError` (`code` attribute 1 = no KV slot).
         """
         self._check_seq(seq)
         n = len(tokens)
@@ -422,10 +407,10 @@ class LlamaContext:
         return last
 
     def decode_multi(self, runs: Sequence[tuple[int, Sequence[int], int]]) -> list[int]:
-        """Decode several sequences' runs in one batch: ``[(seq, tokens, pos0), ...]``.
+        """Decode several sequences' runs in one batch: `[(seq, tokens, pos0), ...]`.
 
         Each run gets logits for its last token; returns their batch indices.
-        The total must fit in ``n_batch``.
+        The total must fit in `n_batch`.
         """
         with self.lock:
             b = self._batch
@@ -448,7 +433,7 @@ class LlamaContext:
             raise err
 
     def logits(self, idx: int) -> np.ndarray:
-        """A copy of the logits row at batch index ``idx`` (float32, n_vocab)."""
+        """A copy of the logits row at batch index `idx` (float32, n_vocab)."""
         with self.lock:
             p = _ll.llama_get_logits_ith(self.ptr, idx)
             if not p:
@@ -457,21 +442,21 @@ class LlamaContext:
 
     # -- sequence operations -----------------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        """Remove cells of ``seq`` with positions in ``[p0, p1)`` (-1 = open end)."""
+        """Remove cells of `seq` with positions in `[p0, p1)` (-1 = open end)."""
         self._check_seq(seq)
         with self.lock:
             if not _ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
                 raise EngineError(f"llama_memory_seq_rm(seq={seq}, {p0}, {p1}) failed (partial removal unsupported?)")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Share ``src``'s cells in ``[p0, p1)`` with ``dst`` (tags cells in a unified cache)."""
+        """Share `src`'s cells in `[p0, p1)` with `dst` (tags cells in a unified cache)."""
         self._check_seq(src)
         self._check_seq(dst)
         with self.lock:
             _ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        """Shift positions of ``seq`` in ``[p0, p1)`` by ``delta`` (needs ``can_shift``)."""
+        """Shift positions of `seq` in `[p0, p1)` by `delta` (needs `can_shift`)."""
         self._check_seq(seq)
         if not self.can_shift:
             raise EngineError("this KV cache cannot shift positions (swa_full=False?)")
@@ -495,7 +480,7 @@ class LlamaContext:
 
     # -- state ------------------------------------------------------------------
     def state_size(self, seq: int) -> int:
-        """Bytes of ``seq``'s state blob."""
+        """Bytes of `seq`'s state blob."""
         self._check_seq(seq)
         with self.lock:
             return _ll.llama_state_seq_get_size(self.ptr, seq)
@@ -503,7 +488,7 @@ class LlamaContext:
     def cells_size(self) -> int:
         """Bytes of *all* used KV cells, each counted once (shared cells too).
 
-        This is the sequence-state size of ``seq_id = -1`` (every sequence), so
+        This is the sequence-state size of `seq_id = -1` (every sequence), so
         comparing it with the sum of per-sequence sizes measures what prefix
         sharing saves.
         """
@@ -511,7 +496,7 @@ class LlamaContext:
             return _ll.llama_state_seq_get_size(self.ptr, -1)
 
     def state_get(self, seq: int) -> np.ndarray:
-        """Copy ``seq``'s KV state out as a uint8 array (one copy, no Python bytes)."""
+        """Copy `seq`'s KV state out as a uint8 array (one copy, no Python bytes)."""
         self._check_seq(seq)
         with self.lock:
             size = _ll.llama_state_seq_get_size(self.ptr, seq)
@@ -524,7 +509,7 @@ class LlamaContext:
             return buf
 
     def swa_state_get(self, seq: int) -> np.ndarray:
-        """Copy out only the sliding-window layers of ``seq`` (``PARTIAL_ONLY`` state).
+        """Copy out only the sliding-window layers of `seq` (`PARTIAL_ONLY` state).
 
         A state blob keeps those layers only for the last window before the
         sequence's end; capturing them at an earlier end (a *checkpoint*) lets a
@@ -540,24 +525,24 @@ class LlamaContext:
             return buf
 
     def swa_state_set(self, seq: int, blob: np.ndarray) -> int:
-        """Replace only the sliding-window layers of ``seq`` from :meth:`swa_state_get` (0 = rejected)."""
+        """Replace only the sliding-window layers of `seq` from `swa_state_get` (0 = rejected)."""
         self._check_seq(seq)
-        with self.lock:
+        with self.lock, llama_log.restore_attempt():
             return _ll.llama_state_seq_set_data_ext(
                 self.ptr, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), blob.nbytes, seq, _SWA_ONLY
             )
 
     def state_set(self, seq: int, blob: np.ndarray | bytes | bytearray | memoryview) -> int:
-        """Load a state blob into ``seq`` (its old cells are dropped first).
+        """Load a state blob into `seq` (its old cells are dropped first).
 
-        Returns the number of bytes read; ``0`` means llama.cpp rejected the blob
-        (wrong layout or not enough free cells) and ``seq`` is now empty.
+        Returns the number of bytes read; `0` means llama.cpp rejected the blob
+        (wrong layout or not enough free cells) and `seq` is now empty.
         """
         self._check_seq(seq)
         arr = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
         if arr.dtype != np.uint8 or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=np.uint8)
-        with self.lock:
+        with self.lock, llama_log.restore_attempt():
             _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
             return _ll.llama_state_seq_set_data(
                 self.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), arr.nbytes, seq
