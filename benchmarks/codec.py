@@ -295,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
 
     if args.synthetic:
         blob, meta = synthetic_state(args.tokens)

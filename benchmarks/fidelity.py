@@ -741,7 +741,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.steps, args.ppl_prefix, args.ppl_tokens = args.prompts or 8, 16, 256, 64
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
     logging.getLogger("agentmem").setLevel(logging.WARNING)
 
     from agentmem.model import resolve_model_path

@@ -653,7 +653,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench-results/sharing.json"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
     logging.getLogger("agentmem").setLevel(logging.WARNING)
     sections = parse_sections(ap, args.only, SECTIONS)
     from agentmem.engine.context import llama_build_info

@@ -1017,7 +1017,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if not args.worker else logging.WARNING, format="%(message)s")
-    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
 
     if args.worker:
         job = json.loads(Path(args.job).read_text())

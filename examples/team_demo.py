@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # llama.cpp's model-load chatter is INFO
 
     t0 = time.perf_counter()
     pool = MemoryPool(n_ctx=8192, resident_agents=args.resident, park_codec=args.park_codec, n_threads=args.threads)

@@ -5,9 +5,9 @@ llama.cpp (and ggml under it) writes its log to stderr unless a callback is set 
 keeps a reference to the ctypes callback so it is never garbage-collected while
 llama.cpp still calls it.
 
-* Levels: ggml's DEBUG, INFO, WARN and ERROR become the same `logging` levels; its
-  NONE (plain output) becomes INFO. Model loading is INFO chatter in llama.cpp; quiet
-  it with `logging.getLogger("agentmem.llama").setLevel(logging.WARNING)`.
+* Levels: ggml's WARN and ERROR become WARNING and ERROR; its DEBUG, INFO and NONE
+  (plain output) become DEBUG — model loading is INFO chatter in llama.cpp, which an
+  app that logs at INFO should not see on every pool it opens.
 * Continuation pieces (`GGML_LOG_LEVEL_CONT`, such as the progress dots of a model
   load) are appended to the record they continue, which is emitted at its newline.
 * Expected failures are DEBUG, not ERROR: a restore into a full cache makes llama.cpp
@@ -15,7 +15,7 @@ llama.cpp still calls it.
   failed to restore kv cache`, although the caller only sees `state_set(...) == 0`
   and makes room and retries. Inside `restore_attempt()` (which `LlamaContext` uses
   around every state set) those messages are demoted to DEBUG; any other error, such
-  as a layout mismatch, stays ERROR. Two warnings are notices (INFO): `using
+  as a layout mismatch, stays ERROR. Two warnings are notices (DEBUG): `using
   full-size SWA cache` (agentmem asks for it, `PoolConfig.swa_full`) and a
   `control-looking token` whose type llama.cpp has already overridden.
 * llama-cpp-python installs its own callback when `llama_cpp` is imported (its
@@ -27,7 +27,7 @@ llama.cpp still calls it.
 
 Example:
     >>> import logging
-    >>> logging.getLogger("agentmem.llama").setLevel(logging.WARNING)  # no load chatter
+    >>> logging.getLogger("agentmem.llama").setLevel(logging.DEBUG)  # see llama.cpp's whole log
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ logger = logging.getLogger(LOGGER_NAME)
 _llama_cpp_python_logger = logging.getLogger("llama-cpp-python")
 
 # enum ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous message)
-_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 _CONT = 5
 
 # What llama.cpp logs when a sequence state does not fit; the callers retry after making room.
@@ -59,7 +59,7 @@ _EXPECTED_IN_RESTORE = re.compile(
     r"failed to find \d+ available cells|error loading state: failed to restore kv cache$"
     r"|failed to restore sequence state$"
 )
-# Warnings about what agentmem asked for or llama.cpp already fixed: INFO, not WARNING.
+# Warnings about what agentmem asked for or llama.cpp already fixed: DEBUG, not WARNING.
 _NOTICES = re.compile(
     r"using full-size SWA cache"  # PoolConfig(swa_full=True), on purpose
     r"|control-looking token: .* its type will be overridden"  # the vocabulary fix-up, done
@@ -103,7 +103,7 @@ def _demoted(level: int, msg: str, *, restoring: bool) -> int:
     if level >= logging.ERROR and restoring and _EXPECTED_IN_RESTORE.search(msg):
         return logging.DEBUG
     if level == logging.WARNING and _NOTICES.search(msg):
-        return logging.INFO
+        return logging.DEBUG
     return level
 
 
