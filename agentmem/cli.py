@@ -71,7 +71,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: set[
 
 def _open(path: str, *, readonly: bool) -> Any:
     # Imported here so `agentmem --help` stays fast and independent of numpy.
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
 
     return Archive(path, readonly=readonly)
 

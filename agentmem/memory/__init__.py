@@ -1,1 +1,1 @@
-"""Where KV state lives and moves: ledgers, the pool, parking, tiers, archive, codec."""
+"""Where KV state lives and moves: ledgers, the pool, parking, tiers, codec."""

@@ -1,4 +1,4 @@
-"""Unit tests of the SQLite archive's API (agentmem.memory.archive)."""
+"""Unit tests of the SQLite archive's API (agentmem.archive)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive, checksum
+from agentmem.archive import connection as archive_mod
 from agentmem.errors import AgentMemError, ArchiveError, CodecError, FingerprintMismatch, StateError
-from agentmem.memory import archive as archive_mod
-from agentmem.memory.archive import SCHEMA_VERSION, Archive, checksum
 
 FP = {"model": "gemma-3-270m-q4_k_m", "type_k": "f16", "type_v": "f16", "swa_full": True}
 
@@ -33,7 +33,7 @@ def _raw(archive: Archive) -> sqlite3.Connection:
 
 
 def test_fresh_archive_has_current_schema_and_pragmas(arc: Archive) -> None:
-    assert arc.schema_version == SCHEMA_VERSION == len(archive_mod.MIGRATIONS)
+    assert arc.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
     conn = arc._conn
     assert conn is not None
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -443,7 +443,7 @@ def test_like_fallback_without_fts5(tmp_path: Path, monkeypatch, caplog) -> None
     with Archive(path) as a:  # created with FTS5
         _fill_spans(a)
     monkeypatch.setattr(archive_mod, "_fts5_available", lambda conn: False)
-    with caplog.at_level(logging.WARNING, logger="agentmem.memory.archive"):
+    with caplog.at_level(logging.WARNING, logger="agentmem.archive.connection"):
         a = Archive(path)
     assert "falls back to LIKE" in caplog.text
     with a:
@@ -551,3 +551,16 @@ def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None
         assert a.list_shared_blocks()[0].refcount == 1 and a.get_checkpoint("x")[2] == (2, 2)
         a.put_state("x", b"plain", codec="f16", n_tokens=2, fingerprint={})  # no block, no checkpoint any more
         assert a.list_shared_blocks() == [] and a.get_checkpoint("x") is None
+
+
+def test_archive_package_exports_are_pinned() -> None:
+    import agentmem.archive
+
+    assert sorted(agentmem.archive.__all__) == sorted(
+        [
+            "MIGRATIONS", "SCHEMA_VERSION", "AgentRecord", "Archive", "ArchiveStats", "EventRecord", "EvictedSpan",
+            "LedgerRecord", "SharedBlock", "SharedBlockInfo", "StateInfo", "StoredState", "TableStats",
+            "VacuumResult", "checksum",
+        ]
+    )
+    assert all(hasattr(agentmem.archive, name) for name in agentmem.archive.__all__)

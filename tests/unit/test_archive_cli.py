@@ -1,4 +1,4 @@
-"""``agentmem archive ls|show|rm|vacuum|search`` through ``agentmem.cli.main``."""
+"""`agentmem archive ls|show|rm|vacuum|search` through `agentmem.cli.main`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentmem.archive import Archive
 from agentmem.cli import build_parser, human_bytes, main
-from agentmem.memory.archive import Archive
 
 FP = {"model": "gemma-3-270m", "type_k": "q8_0"}
 

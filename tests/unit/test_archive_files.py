@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from sqlite_utils import Database
 
+from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive
+from agentmem.archive import schema as archive_mod
 from agentmem.errors import AgentMemError, ArchiveError, StateError
-from agentmem.memory import archive as archive_mod
-from agentmem.memory.archive import MIGRATIONS, SCHEMA_VERSION, Archive
 
 REPO = Path(__file__).resolve().parents[2]
 FP = {"model": "m", "type_k": "f16"}
@@ -177,7 +177,7 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch) ->
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
     arc = Archive(sys.argv[1])
     arc.put_agent("held")
     print("ready", flush=True)

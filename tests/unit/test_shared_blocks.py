@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from agentmem import MemoryPool
+from agentmem.archive import Archive
 from agentmem.errors import CodecError
-from agentmem.memory.archive import Archive
 from agentmem.memory.codec import parse_state
 from agentmem.memory.shared import BlockStore, join_state, split_state
 
