@@ -7,9 +7,9 @@ storage-generic value helpers: `checksum` and its verification, zero-copy blob
 views, canonical JSON and the checks of ids and counts.
 
 Concurrency: one writer per file. A writable archive takes an exclusive advisory
-lock (`flock` on `<path>-lock`) for as long as it is open, so a second writer --
-another pool, another process, or a second `Archive` in the same process -- fails
-at once with `ArchiveError("… is in use by pid N …")`. Readers (`readonly=True`,
+lock (`flock` on `<path>-lock`, symlinks resolved) for as long as it is open, so a
+second writer -- another pool, another process, a second `Archive` in the same
+process, or one that names the file through a symlink -- fails at once with `ArchiveError("… is in use by pid N …")`. Readers (`readonly=True`,
 used by `agentmem archive ls`) take no lock and see consistent snapshots thanks
 to WAL, so they work while a pool is running.
 
@@ -186,8 +186,13 @@ class ArchiveConnection:
 
     @property
     def lock_path(self) -> str:
-        """The advisory lock file a writable archive holds (`<path>-lock`)."""
-        return self.path + "-lock"
+        """The advisory lock file a writable archive holds: `<real path>-lock`.
+
+        Keyed on the file itself (symlinks of the file or its directories
+        resolved), so two openers of one file through different names take the
+        same lock.
+        """
+        return os.path.realpath(self.path) + "-lock"
 
     @property
     def closed(self) -> bool:

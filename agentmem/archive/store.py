@@ -7,6 +7,7 @@ maintenance calls (`stats`, `checkpoint`, `vacuum`).
 from __future__ import annotations
 
 import logging
+import os
 
 from agentmem.archive import schema
 from agentmem.archive.agents import AgentsMixin
@@ -80,7 +81,7 @@ class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
             conn = self._require_conn()
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             return pages * conn.execute("PRAGMA page_size").fetchone()[0], 0
-        wal = _file_size(self.path + "-wal")
+        wal = _file_size(os.path.realpath(self.path) + "-wal")  # SQLite keeps it by the real file
         return _file_size(self.path) + wal, wal
 
     def stats(self) -> ArchiveStats:
