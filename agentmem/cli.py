@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentmem.errors import AgentMemError, UnknownAgentError
+from agentmem.errors import AgentMemError, ConfigError, UnknownAgentError
 
 __all__ = ["COMMANDS", "build_parser", "human_bytes", "main"]
 
@@ -199,6 +199,8 @@ def _archive_vacuum(args: argparse.Namespace) -> int:
 
 
 def _archive_search(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise ConfigError(f"-k must be at least 1, got {args.k}")
     with _open(args.path, readonly=True) as arc:
         hits = arc.search_evicted(args.agent, args.query, k=args.k)
     if not hits:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from agentmem.archive.records import AgentRecord, LedgerRecord, Region
 from agentmem.errors import ArchiveError
 
 __all__ = ["AgentsMixin"]
+
+logger = logging.getLogger(__name__)
 
 _INT32 = np.iinfo(np.int32)
 
@@ -99,12 +102,11 @@ class AgentsMixin(ArchiveConnection):
         LEFT JOIN states s ON s.agent_id = a.id
     """
 
-    @staticmethod
-    def _agent_from_row(row: Sequence[Any]) -> AgentRecord:
+    def _agent_from_row(self, row: Sequence[Any]) -> AgentRecord:
         return AgentRecord(
             agent_id=row[0],
             priority=row[1],
-            labels=json.loads(row[2]),
+            labels=self._labels(row[0], row[2]),
             created=row[3],
             updated=row[4],
             ledger_tokens=row[5],
@@ -114,6 +116,21 @@ class AgentsMixin(ArchiveConnection):
             state_tokens=row[9],
             state_bytes=row[10],
         )
+
+    def _labels(self, agent_id: str, stored: Any) -> dict[str, Any]:
+        """The stored labels; a corrupt value reads as `{}` (logged) so one bad row never hides the rest."""
+        try:
+            labels = json.loads(stored)
+        except (TypeError, ValueError) as exc:
+            problem = f"not JSON ({exc})"
+        else:
+            if isinstance(labels, dict):
+                return labels
+            problem = f"a JSON {type(labels).__name__}, not an object"
+        logger.warning(
+            "%s: labels of agent %r are corrupt (%s); reading them as empty labels", self.path, agent_id, problem
+        )
+        return {}
 
     def get_agent(self, agent_id: str) -> AgentRecord | None:
         """The agent's record with ledger and state sizes, or `None`."""

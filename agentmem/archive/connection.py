@@ -9,8 +9,9 @@ views, canonical JSON and the checks of ids and counts.
 Concurrency: one writer per file. A writable archive takes an exclusive advisory
 lock (`flock` on `<path>-lock`, symlinks resolved) for as long as it is open, so a
 second writer -- another pool, another process, a second `Archive` in the same
-process, or one that names the file through a symlink -- fails at once with `ArchiveError("… is in use by pid N …")`. Readers (`readonly=True`,
-used by `agentmem archive ls`) take no lock and see consistent snapshots thanks
+process, or one that names the file through a symlink -- fails at once with
+`ArchiveError("… is in use by pid N …")`. Readers (`readonly=True`, used by
+`agentmem archive ls`) take no lock and see consistent snapshots thanks
 to WAL, so they work while a pool is running.
 
 Durability: `synchronous=NORMAL` in WAL mode (the default) never corrupts the file
@@ -42,7 +43,7 @@ from sqlite_utils import Database
 
 from agentmem.archive import schema
 from agentmem.archive.records import BlobLike
-from agentmem.errors import ArchiveError
+from agentmem.errors import ArchiveError, ConfigError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -115,7 +116,7 @@ def _check_agent_id(agent_id: str) -> str:
 
 def _check_count(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+        raise ConfigError(f"{name} must be a non-negative int, not {value!r}")
     return int(value)
 
 

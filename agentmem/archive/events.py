@@ -142,11 +142,14 @@ class EventsMixin(ArchiveConnection):
         Args:
             agent_id: restrict to one agent, or `None` for all agents.
             query: free text.
-            k: maximum number of results.
+            k: maximum number of results (0 gives `[]`).
 
         Returns:
             Spans with `score` set (higher is better); `[]` for a query
             without words.
+
+        Raises:
+            ConfigError: `k` is not a non-negative int.
         """
         k = _check_count("k", k)
         terms = _fts_terms(query if isinstance(query, str) else str(query))

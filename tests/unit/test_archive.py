@@ -13,7 +13,7 @@ import pytest
 
 from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive, checksum
 from agentmem.archive import connection as archive_mod
-from agentmem.errors import AgentMemError, ArchiveError, CodecError, FingerprintMismatch, StateError
+from agentmem.errors import AgentMemError, ArchiveError, CodecError, ConfigError, FingerprintMismatch, StateError
 
 FP = {"model": "gemma-3-270m-q4_k_m", "type_k": "f16", "type_v": "f16", "swa_full": True}
 
@@ -115,6 +115,29 @@ def test_list_agents_reports_tokens_tier_codec_bytes(arc: Archive) -> None:
 
 
 # ------------------------------------------------------------------ ledgers
+
+
+@pytest.mark.parametrize("stored", ["{not json", "[1, 2]", "5", "null"])
+def test_corrupt_labels_read_as_empty_with_a_warning(arc: Archive, caplog, stored: str) -> None:
+    """Issue #13 item 6: a corrupt agent row's `labels` (not JSON, or JSON but not an object)
+    made `list_agents()`/`get_agent()` raise, so the pool could not open the archive and
+    `agentmem archive ls` printed a traceback."""
+    arc.put_agent("bad", labels={"team": "a"})
+    arc.put_agent("good", labels={"team": "b"})
+    _raw(arc).execute("UPDATE agents SET labels = ? WHERE id = 'bad'", [stored])
+    with caplog.at_level(logging.WARNING, logger="agentmem.archive.agents"):
+        agents = {r.agent_id: r.labels for r in arc.list_agents()}
+        assert agents == {"bad": {}, "good": {"team": "b"}}
+        assert arc.get_agent("bad").labels == {}  # type: ignore[union-attr]
+    assert "labels of agent 'bad'" in caplog.text and "empty labels" in caplog.text
+
+
+def test_search_k_must_be_a_non_negative_int(arc: Archive) -> None:
+    """Issue #13 item 6: `search_evicted(k=-1)` raised a plain `ValueError`, not a typed error."""
+    _fill_spans(arc)
+    for bad in (-1, True, 2.5, "3"):
+        with pytest.raises(ConfigError, match="k must be"):
+            arc.search_evicted("coder", "ACME", k=bad)  # type: ignore[arg-type]
 
 
 def test_ledger_roundtrip(arc: Archive) -> None:
