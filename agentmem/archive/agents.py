@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from agentmem.archive.connection import ArchiveConnection, _check_agent_id, _json_dumps
+from agentmem.archive.connection import (
+    ArchiveConnection,
+    _check_agent_id,
+    _check_int64,
+    _check_key,
+    _check_text,
+    _json_dumps,
+    _json_text,
+)
 from agentmem.archive.records import AgentRecord, LedgerRecord, Region
 from agentmem.errors import ArchiveError
 
@@ -45,6 +53,7 @@ def _check_regions(regions: Iterable[Sequence[Any]], n_tokens: int) -> list[list
             raise ValueError(f"regions[{i}] must be (start, end, region, flags), got {span!r}") from exc
         if not isinstance(region, str):
             raise TypeError(f"regions[{i}]: region must be a str, got {region!r}")
+        _check_text(f"regions[{i}]: region", region)
         start, end, flags = int(start), int(end), int(flags)
         if not 0 <= start <= end <= n_tokens:
             raise ValueError(f"regions[{i}] = {span!r} is outside 0..{n_tokens} or reversed")
@@ -81,7 +90,11 @@ class AgentsMixin(ArchiveConnection):
         _check_agent_id(agent_id)
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, str))):
             raise TypeError(f"priority must be an int or str, not {priority!r}")
-        labels_json = None if labels is None else _json_dumps(dict(labels))
+        if isinstance(priority, str):
+            _check_text("priority", priority)
+        elif priority is not None:
+            priority = _check_int64("priority", priority)
+        labels_json = None if labels is None else _json_text("labels", dict(labels))
         now = time.time()
         with self._writing("put_agent") as db:
             db.execute(
@@ -158,6 +171,7 @@ class AgentsMixin(ArchiveConnection):
         Returns:
             Whether the agent existed.
         """
+        _check_key("agent_id", agent_id)
         with self._writing("delete_agent") as db:
             db.execute("DELETE FROM events WHERE agent_id = ?", [agent_id])
             cur = db.execute("DELETE FROM agents WHERE id = ?", [agent_id])
@@ -194,13 +208,14 @@ class AgentsMixin(ArchiveConnection):
         """
         _check_agent_id(agent_id)
         token_bytes, n_tokens = _tokens_to_bytes(tokens)
-        regions_json = _json_dumps(_check_regions(regions, n_tokens))
+        regions_json = _json_text("regions", _check_regions(regions, n_tokens))
         messages_json: str | None = None
         if messages is not None:
             try:
                 messages_json = _json_dumps([dict(m) for m in messages])
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"messages of agent {agent_id!r} are not JSON-serialisable: {exc}") from exc
+            _check_text("messages", messages_json)
         n_bytes = (
             len(token_bytes)
             + len(regions_json.encode())
@@ -248,5 +263,6 @@ class AgentsMixin(ArchiveConnection):
 
     def delete_ledger(self, agent_id: str) -> bool:
         """Delete the agent's ledger; returns whether there was one."""
+        _check_key("agent_id", agent_id)
         with self._writing("delete_ledger") as db:
             return db.execute("DELETE FROM ledgers WHERE agent_id = ?", [agent_id]).rowcount > 0

@@ -16,14 +16,17 @@ from typing import Any
 from agentmem.archive.connection import (
     ArchiveConnection,
     _as_buffer,
+    _INT64_MAX,
     _check_count,
-    _json_dumps,
+    _check_key,
+    _check_text,
+    _json_text,
     _normalise_fingerprint,
     _verify_checksum,
     checksum,
 )
 from agentmem.archive.records import BlobLike, SharedBlock, SharedBlockInfo
-from agentmem.errors import ArchiveError, CodecError
+from agentmem.errors import ArchiveError, CodecError, ConfigError
 
 __all__ = ["BlocksMixin"]
 
@@ -50,8 +53,9 @@ class BlocksMixin(ArchiveConnection):
         """
         if not isinstance(block_id, str) or not block_id:
             raise TypeError(f"block_id must be a non-empty str, not {block_id!r}")
+        _check_text("block_id", block_id)
         n_tokens = _check_count("n_tokens", n_tokens)
-        fp_json = _json_dumps(_normalise_fingerprint(fingerprint))
+        fp_json = _json_text("fingerprint", _normalise_fingerprint(fingerprint))
         buf = _as_buffer(blob)
         digest, n_bytes, now = checksum(buf), memoryview(buf).nbytes, time.time()
         with self._writing("put_shared_block") as db:
@@ -82,6 +86,7 @@ class BlocksMixin(ArchiveConnection):
         )
 
     def _change_refcount(self, block_id: str, delta: int, what: str) -> int:
+        _check_key("block_id", block_id)
         with self._writing(what) as db:
             row = db.execute("SELECT refcount FROM shared_blocks WHERE id = ?", [block_id]).fetchone()
             if row is None:
@@ -91,6 +96,8 @@ class BlocksMixin(ArchiveConnection):
                 raise ArchiveError(
                     f"{self.path}: shared block {block_id!r} has refcount {row[0]}; cannot drop {-delta} reference(s)"
                 )
+            if new > _INT64_MAX:
+                raise ConfigError(f"n = {delta} would take the refcount of shared block {block_id!r} past 64 bits")
             db.execute("UPDATE shared_blocks SET refcount = ?, updated = ? WHERE id = ?", [new, time.time(), block_id])
             return int(new)
 

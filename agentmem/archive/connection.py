@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 _CHECKSUM_ALGO = "sha256"  # SHA-NI makes it ~2x faster than blake2b on x86
 _BUSY_TIMEOUT_MS = 5_000
 _WAL_SIZE_LIMIT = 64 * 1024 * 1024  # truncate the WAL back to this after checkpoints
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER holds
 
 
 def checksum(data: BlobLike) -> str:
@@ -108,16 +109,43 @@ def _normalise_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError(f"fingerprint is not JSON-serialisable: {exc}") from exc
 
 
+def _check_text(name: str, value: str) -> str:
+    """`value` unchanged if SQLite can store it: a str with a UTF-8 encoding (no lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise ConfigError(f"{name} must be valid UTF-8 text ({exc.reason} at index {exc.start}): {shown!r}") from exc
+    return value
+
+
+def _json_text(name: str, value: Any) -> str:
+    """`_json_dumps(value)`, checked to be storable text (strings inside may hold lone surrogates)."""
+    return _check_text(name, _json_dumps(value))
+
+
+def _check_key(name: str, value: Any) -> Any:
+    """A lookup key unchanged; a str one must be storable text (other types go to SQLite as before)."""
+    return _check_text(name, value) if isinstance(value, str) else value
+
+
+def _check_int64(name: str, value: int) -> int:
+    """`value` as an int if it fits SQLite's 64-bit INTEGER."""
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ConfigError(f"{name} must fit in a signed 64-bit integer, not {value!r}")
+    return int(value)
+
+
 def _check_agent_id(agent_id: str) -> str:
     if not isinstance(agent_id, str) or not agent_id:
         raise TypeError(f"agent_id must be a non-empty str, not {agent_id!r}")
-    return agent_id
+    return _check_text("agent_id", agent_id)
 
 
 def _check_count(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(f"{name} must be a non-negative int, not {value!r}")
-    return int(value)
+    return _check_int64(name, value)
 
 
 def _fts5_available(conn: sqlite3.Connection) -> bool:

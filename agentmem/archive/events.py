@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from agentmem.archive.connection import ArchiveConnection, _check_agent_id, _check_count
+from agentmem.archive.connection import ArchiveConnection, _check_agent_id, _check_count, _check_key, _check_text
 from agentmem.archive.records import EventRecord, EvictedSpan
 
 __all__ = ["EventsMixin"]
@@ -44,7 +44,9 @@ class EventsMixin(ArchiveConnection):
         """
         if not isinstance(kind, str) or not kind:
             raise TypeError(f"kind must be a non-empty str, not {kind!r}")
-        payload = json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr)
+        _check_text("kind", kind)
+        _check_key("agent_id", agent_id)
+        payload = _check_text("data", json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr))
         with self._writing("log_event") as db:
             cur = db.execute(
                 "INSERT INTO events(ts, agent_id, kind, data) VALUES (?, ?, ?, ?)",
@@ -106,6 +108,8 @@ class EventsMixin(ArchiveConnection):
                 raise ValueError(f"evicted span end {end} < start {start}")
             if not isinstance(region, str) or not isinstance(text, str):
                 raise TypeError("region and text must be str")
+            _check_text("region", region)
+            _check_text("text", text)
             rows.append((start, end, region, text))
         now = time.time()
         ids: list[int] = []

@@ -19,7 +19,9 @@ from agentmem.archive.connection import (
     _as_buffer,
     _check_agent_id,
     _check_count,
-    _json_dumps,
+    _check_key,
+    _check_text,
+    _json_text,
     _normalise_fingerprint,
     _verify_checksum,
     checksum,
@@ -70,8 +72,12 @@ class StatesMixin(ArchiveConnection):
         _check_agent_id(agent_id)
         if not isinstance(codec, str) or not codec:
             raise TypeError(f"codec must be a non-empty str, not {codec!r}")
+        _check_text("codec", codec)
+        _check_key("tier", tier)
+        _check_key("block_id", block_id)
         n_tokens = _check_count("n_tokens", n_tokens)
         fp = _normalise_fingerprint(fingerprint)
+        fp_json = _json_text("fingerprint", fp)
         buf = _as_buffer(blob)
         info = StateInfo(
             agent_id=agent_id,
@@ -92,7 +98,7 @@ class StatesMixin(ArchiveConnection):
                 "n_tokens = excluded.n_tokens, n_bytes = excluded.n_bytes, "
                 "checksum = excluded.checksum, fingerprint = excluded.fingerprint, "
                 "blob = excluded.blob, created = excluded.created",
-                [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, _json_dumps(fp), buf, info.created],
+                [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, fp_json, buf, info.created],
             )
             db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
             db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
@@ -195,6 +201,7 @@ class StatesMixin(ArchiveConnection):
 
     def delete_state(self, agent_id: str) -> bool:
         """Delete the agent's state; returns whether there was one."""
+        _check_key("agent_id", agent_id)
         with self._writing("delete_state") as db:
             return db.execute("DELETE FROM states WHERE agent_id = ?", [agent_id]).rowcount > 0
 
@@ -207,6 +214,7 @@ class StatesMixin(ArchiveConnection):
         checkpoint was taken at; `layout` the order array when the blob was cut
         against the state's own sliding-window cells. A new `put_state` drops it.
         """
+        _check_key("agent_id", agent_id)
         buf = _as_buffer(blob)
         h, live = (_check_count("prompt_end", int(x)) for x in prompt_end)
         with self._writing("put_checkpoint") as db:

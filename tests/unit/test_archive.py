@@ -6,6 +6,7 @@ import hashlib
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -587,3 +588,70 @@ def test_archive_package_exports_are_pinned() -> None:
         ]
     )
     assert all(hasattr(agentmem.archive, name) for name in agentmem.archive.__all__)
+
+
+# ------------------------------------------------------------------ values SQLite cannot hold
+
+BAD = "a\ud800b"  # a lone surrogate: a str that has no UTF-8 encoding
+HUGE = 10**30  # beyond SQLite's 64-bit INTEGER
+
+
+def _writes_of_unstorable_values() -> list[tuple[str, Callable[[Archive], object]]]:
+    toks = np.arange(3, dtype=np.int32)
+    return [
+        ("agent_id", lambda a: a.put_agent(BAD)),
+        ("priority", lambda a: a.put_agent("a", priority=HUGE)),
+        ("priority", lambda a: a.put_agent("a", priority=-(2**63) - 1)),
+        ("priority", lambda a: a.put_agent("a", priority=BAD)),
+        ("labels", lambda a: a.put_agent("a", labels={"team": BAD})),
+        ("agent_id", lambda a: a.put_ledger(BAD, toks, [])),
+        ("region", lambda a: a.put_ledger("a", toks, [(0, 3, BAD, 0)])),
+        ("messages", lambda a: a.put_ledger("a", toks, [], [{"role": "user", "content": BAD}])),
+        ("agent_id", lambda a: a.put_state(BAD, b"kv", codec="f16", n_tokens=3, fingerprint=FP)),
+        ("n_tokens", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=HUGE, fingerprint=FP)),
+        ("codec", lambda a: a.put_state("a", b"kv", codec=BAD, n_tokens=3, fingerprint=FP)),
+        ("tier", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=3, fingerprint=FP, tier=BAD)),
+        ("fingerprint", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=3, fingerprint={"model": BAD})),
+        ("prompt_end", lambda a: a.put_checkpoint("keep", b"ck", prompt_end=(HUGE, 1))),
+        ("agent_id", lambda a: a.put_checkpoint(BAD, b"ck", prompt_end=(1, 1))),
+        ("agent_id", lambda a: a.delete_agent(BAD)),
+        ("agent_id", lambda a: a.delete_ledger(BAD)),
+        ("agent_id", lambda a: a.delete_state(BAD)),
+        ("agent_id", lambda a: a.log_event(BAD, "demote")),
+        ("kind", lambda a: a.log_event("a", BAD)),
+        ("data", lambda a: a.log_event("a", "demote", to=BAD)),
+        ("agent_id", lambda a: a.add_evicted_span(BAD, 0, 1, "user", "x")),
+        ("start", lambda a: a.add_evicted_span("a", HUGE, HUGE + 1, "user", "x")),
+        ("text", lambda a: a.add_evicted_span("a", 0, 1, "user", BAD)),
+        ("region", lambda a: a.add_evicted_span("a", 0, 1, BAD, "x")),
+        ("block_id", lambda a: a.put_shared_block(BAD, b"kv", n_tokens=1, fingerprint=FP)),
+        ("n_tokens", lambda a: a.put_shared_block("b", b"kv", n_tokens=HUGE, fingerprint=FP)),
+        ("fingerprint", lambda a: a.put_shared_block("b", b"kv", n_tokens=1, fingerprint={"m": BAD})),
+        ("block_id", lambda a: a.incref_shared_block(BAD)),
+        ("n", lambda a: a.incref_shared_block("blk", HUGE)),
+        ("n", lambda a: a.incref_shared_block("blk", 2**63 - 1)),  # 1 + n passes the 64-bit limit
+        ("limit", lambda a: a.events(limit=HUGE)),
+        ("limit", lambda a: a.list_evicted("keep", limit=HUGE)),
+        ("keep_last", lambda a: a.prune_events(HUGE)),
+        ("k", lambda a: a.search_evicted(None, "kept", k=HUGE)),
+    ]
+
+
+_UNSTORABLE = _writes_of_unstorable_values()
+
+
+@pytest.mark.parametrize(("field", "write"), _UNSTORABLE, ids=[f"{i}-{f}" for i, (f, _) in enumerate(_UNSTORABLE)])
+def test_unstorable_values_are_typed_errors_naming_the_field(arc: Archive, field: str, write) -> None:
+    """Issue #13 item 3: an agent id with a lone surrogate ("\\ud800") or an integer beyond
+    SQLite's 64 bits (priority 10**30) reached SQLite and escaped as `UnicodeEncodeError` /
+    `OverflowError: Python int too large to convert to SQLite INTEGER`, which broke the
+    pool's save loop; every writer now rejects them with a `ConfigError` naming the field."""
+    arc.put_state("keep", b"kv", codec="f16", n_tokens=3, fingerprint=FP)
+    arc.put_shared_block("blk", b"kv", n_tokens=1, fingerprint=FP)
+    assert arc.incref_shared_block("blk") == 1
+    arc.add_evicted_span("keep", 0, 1, "user", "kept text")
+    before = (arc.list_agents(), arc.list_shared_blocks(), arc.events(), arc.list_evicted("keep"))
+    with pytest.raises(ConfigError, match=rf"\b{field}\b") as info:
+        write(arc)
+    assert isinstance(info.value, AgentMemError)
+    assert (arc.list_agents(), arc.list_shared_blocks(), arc.events(), arc.list_evicted("keep")) == before
