@@ -80,7 +80,7 @@ class AgentsMixin(ArchiveConnection):
             labels: JSON-serialisable labels replacing the current ones; `None`
                 keeps them (`{}` for a new agent).
 
-        Example:
+        Examples:
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:
             ...     arc.put_agent("planner", priority="foreground", labels={"team": "a"})
@@ -154,7 +154,7 @@ class AgentsMixin(ArchiveConnection):
     def list_agents(self) -> list[AgentRecord]:
         """Every agent, ordered by id, with tokens, tier, codec and bytes.
 
-        Example:
+        Examples:
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:
             ...     arc.put_agent("b"); arc.put_agent("a")
@@ -197,7 +197,7 @@ class AgentsMixin(ArchiveConnection):
         Raises:
             ValueError, TypeError: malformed tokens, regions or messages.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:

@@ -44,7 +44,7 @@ class BlocksMixin(ArchiveConnection):
     ) -> SharedBlockInfo:
         """Store a shared KV block; an existing block keeps its refcount.
 
-        Example:
+        Examples:
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:
             ...     _ = arc.put_shared_block("sys-prompt", b"kv", n_tokens=12, fingerprint={})

@@ -66,7 +66,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER holds
 def checksum(data: BlobLike) -> str:
     """Return the archive's checksum of `data` as `"sha256:<hex>"`.
 
-    Example:
+    Examples:
         >>> checksum(b"abc")[:15]
         'sha256:ba7816bf'
     """
@@ -460,7 +460,7 @@ class ArchiveConnection:
         block ends. An exception inside the block rolls everything back and
         propagates.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:

@@ -35,7 +35,7 @@ class EventsMixin(ArchiveConnection):
         Returns:
             The event id.
 
-        Example:
+        Examples:
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:
             ...     _ = arc.log_event("coder", "demote", to="cold", codec="q8_0")
@@ -89,7 +89,7 @@ class EventsMixin(ArchiveConnection):
     def add_evicted_span(self, agent_id: str, start: int, end: int, region: str, text: str) -> int:
         """Archive the text of one evicted span; returns its id.
 
-        Example:
+        Examples:
             >>> from agentmem.archive import Archive
             >>> with Archive(":memory:") as arc:
             ...     _ = arc.add_evicted_span("a", 10, 42, "tool_result", "invoice total 1234 EUR")

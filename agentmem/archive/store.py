@@ -63,7 +63,7 @@ class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
             other application, has a newer schema, is locked by another writer,
             or cannot be created.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> with Archive(":memory:") as arc:
         ...     with arc.transaction():
