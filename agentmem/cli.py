@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from agentmem.errors import AgentMemError, UnknownAgentError
+from agentmem.errors import AgentMemError, ConfigError, UnknownAgentError
 
 __all__ = ["COMMANDS", "build_parser", "human_bytes", "main"]
 
@@ -116,7 +116,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: set[
 
 def _open(path: str, *, readonly: bool) -> Any:
     # Imported here so `agentmem --help` stays fast and independent of numpy.
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
 
     return Archive(path, readonly=readonly)
 
@@ -244,6 +244,8 @@ def _archive_vacuum(args: argparse.Namespace) -> int:
 
 
 def _archive_search(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise ConfigError(f"-k must be at least 1, got {args.k}")
     with _open(args.path, readonly=True) as arc:
         hits = arc.search_evicted(args.agent, args.query, k=args.k)
     if not hits:

@@ -257,7 +257,7 @@ def w_restart_before(job: dict[str, Any]) -> dict[str, Any]:
         msgs = build_history(pool, "resume", job["history_tokens"], seed=7)
         r = pool.chat("resume", msgs, max_tokens=job["max_tokens"])
         st = pool.stats()["agents"]["resume"]
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
 
     with Archive(job["archive"], readonly=True) as arc:
         info = arc.get_state_info("resume")

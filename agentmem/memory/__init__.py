@@ -1,1 +1,8 @@
-"""Where KV state lives and moves: ledgers, parking, tiers, archive, codec, shared blocks."""
+"""Where KV state lives between calls, below the pool.
+
+* `ledger` — per-agent token ledger: tokens, regions, pins, message indices, live flags.
+* `parking` — a parked state (`ParkedState`) and the park codecs that encode it.
+* `tiers` — WARM (RAM) and COLD (archive) stores behind one `Tier` interface.
+* `shared` — shared-prefix blocks (`BlockStore`, `KVBlock`), the prefix radix tree, handoff cards.
+* `prefetch` — the transition predictor that guesses the next agent.
+"""

@@ -1,14 +1,14 @@
 """Where parked KV states live: one interface, an ordered chain built in one place.
 
-* :class:`Tier` — the interface: ``put``/``get``/``delete``/``nbytes`` of
-  :class:`~agentmem.memory.parking.ParkedState` by agent id.
-* :class:`WarmTier` — RAM (a dict of numpy buffers; zero copies on get).
-* :class:`ColdTier` — the SQLite archive (:class:`~agentmem.memory.archive.Archive`);
+* `Tier` — the interface: `put`/`get`/`delete`/`nbytes` of
+  `ParkedState` by agent id.
+* `WarmTier` — RAM (a dict of numpy buffers; zero copies on get).
+* `ColdTier` — the SQLite archive (`Archive`);
   states carry the pool's fingerprint and a checksum, verified on every get.
-* :func:`build_tiers` — the factory: ``[warm]`` or ``[warm, cold]`` in order.
+* `build_tiers` — the factory: `[warm]` or `[warm, cold]` in order.
 
 The HOT tier (a live llama.cpp sequence) is the pool's own; moving a state
-between any two tiers is one pool operation (``MemoryPool._move``).
+between any two tiers is one pool operation (`MemoryPool._move`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from agentmem.archive import Archive
 from agentmem.errors import AgentMemError
-from agentmem.memory.archive import Archive
 from agentmem.memory.parking import ParkedState
 
 __all__ = ["ColdTier", "Tier", "WarmTier", "build_tiers"]
@@ -35,11 +35,11 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def put(self, agent_id: str, state: ParkedState) -> None:
-        """Store (replace) ``agent_id``'s state."""
+        """Store (replace) `agent_id`'s state."""
 
     @abc.abstractmethod
     def get(self, agent_id: str) -> ParkedState | None:
-        """The state, or ``None``. Raises :class:`~agentmem.errors.StateError` when it is unusable."""
+        """The state, or `None`. Raises `StateError` when it is unusable."""
 
     @abc.abstractmethod
     def delete(self, agent_id: str) -> None:
@@ -152,7 +152,7 @@ class ColdTier(Tier):
 
 
 def build_tiers(*, archive: Archive | None, fingerprint: Mapping[str, Any]) -> dict[str, Tier]:
-    """The ordered tier chain below HOT: ``warm`` then, with an archive, ``cold``."""
+    """The ordered tier chain below HOT: `warm` then, with an archive, `cold`."""
     chain: dict[str, Tier] = {"warm": WarmTier()}
     if archive is not None:
         chain["cold"] = ColdTier(archive, fingerprint)

@@ -22,7 +22,7 @@ from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ConfigError
-from agentmem.memory.archive import Archive, EvictedSpan
+from agentmem.archive import Archive, EvictedSpan
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path

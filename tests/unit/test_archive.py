@@ -1,4 +1,4 @@
-"""Unit tests of the SQLite archive's API (agentmem.memory.archive)."""
+"""Unit tests of the SQLite archive's API (agentmem.archive)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import hashlib
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agentmem.errors import AgentMemError, ArchiveError, CodecError, FingerprintMismatch, StateError
-from agentmem.memory import archive as archive_mod
-from agentmem.memory.archive import SCHEMA_VERSION, Archive, checksum
+from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive, checksum
+from agentmem.archive import connection as archive_mod
+from agentmem.errors import AgentMemError, ArchiveError, CodecError, ConfigError, FingerprintMismatch, StateError
 
 FP = {"model": "gemma-3-270m-q4_k_m", "type_k": "f16", "type_v": "f16", "swa_full": True}
 
@@ -33,7 +34,7 @@ def _raw(archive: Archive) -> sqlite3.Connection:
 
 
 def test_fresh_archive_has_current_schema_and_pragmas(arc: Archive) -> None:
-    assert arc.schema_version == SCHEMA_VERSION == len(archive_mod.MIGRATIONS)
+    assert arc.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
     conn = arc._conn
     assert conn is not None
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -115,6 +116,29 @@ def test_list_agents_reports_tokens_tier_codec_bytes(arc: Archive) -> None:
 
 
 # ------------------------------------------------------------------ ledgers
+
+
+@pytest.mark.parametrize("stored", ["{not json", "[1, 2]", "5", "null"])
+def test_corrupt_labels_read_as_empty_with_a_warning(arc: Archive, caplog, stored: str) -> None:
+    """Issue #13 item 6: a corrupt agent row's `labels` (not JSON, or JSON but not an object)
+    made `list_agents()`/`get_agent()` raise, so the pool could not open the archive and
+    `agentmem archive ls` printed a traceback."""
+    arc.put_agent("bad", labels={"team": "a"})
+    arc.put_agent("good", labels={"team": "b"})
+    _raw(arc).execute("UPDATE agents SET labels = ? WHERE id = 'bad'", [stored])
+    with caplog.at_level(logging.WARNING, logger="agentmem.archive.agents"):
+        agents = {r.agent_id: r.labels for r in arc.list_agents()}
+        assert agents == {"bad": {}, "good": {"team": "b"}}
+        assert arc.get_agent("bad").labels == {}  # type: ignore[union-attr]
+    assert "labels of agent 'bad'" in caplog.text and "empty labels" in caplog.text
+
+
+def test_search_k_must_be_a_non_negative_int(arc: Archive) -> None:
+    """Issue #13 item 6: `search_evicted(k=-1)` raised a plain `ValueError`, not a typed error."""
+    _fill_spans(arc)
+    for bad in (-1, True, 2.5, "3"):
+        with pytest.raises(ConfigError, match="k must be"):
+            arc.search_evicted("coder", "ACME", k=bad)  # type: ignore[arg-type]
 
 
 def test_ledger_roundtrip(arc: Archive) -> None:
@@ -443,7 +467,7 @@ def test_like_fallback_without_fts5(tmp_path: Path, monkeypatch, caplog) -> None
     with Archive(path) as a:  # created with FTS5
         _fill_spans(a)
     monkeypatch.setattr(archive_mod, "_fts5_available", lambda conn: False)
-    with caplog.at_level(logging.WARNING, logger="agentmem.memory.archive"):
+    with caplog.at_level(logging.WARNING, logger="agentmem.archive.connection"):
         a = Archive(path)
     assert "falls back to LIKE" in caplog.text
     with a:
@@ -551,3 +575,83 @@ def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None
         assert a.list_shared_blocks()[0].refcount == 1 and a.get_checkpoint("x")[2] == (2, 2)
         a.put_state("x", b"plain", codec="f16", n_tokens=2, fingerprint={})  # no block, no checkpoint any more
         assert a.list_shared_blocks() == [] and a.get_checkpoint("x") is None
+
+
+def test_archive_package_exports_are_pinned() -> None:
+    import agentmem.archive
+
+    assert sorted(agentmem.archive.__all__) == sorted(
+        [
+            "MIGRATIONS", "SCHEMA_VERSION", "AgentRecord", "Archive", "ArchiveStats", "EventRecord", "EvictedSpan",
+            "LedgerRecord", "SharedBlock", "SharedBlockInfo", "StateInfo", "StoredState", "TableStats",
+            "VacuumResult", "checksum",
+        ]
+    )
+    assert all(hasattr(agentmem.archive, name) for name in agentmem.archive.__all__)
+
+
+# ------------------------------------------------------------------ values SQLite cannot hold
+
+BAD = "a\ud800b"  # a lone surrogate: a str that has no UTF-8 encoding
+HUGE = 10**30  # beyond SQLite's 64-bit INTEGER
+
+
+def _writes_of_unstorable_values() -> list[tuple[str, Callable[[Archive], object]]]:
+    toks = np.arange(3, dtype=np.int32)
+    return [
+        ("agent_id", lambda a: a.put_agent(BAD)),
+        ("priority", lambda a: a.put_agent("a", priority=HUGE)),
+        ("priority", lambda a: a.put_agent("a", priority=-(2**63) - 1)),
+        ("priority", lambda a: a.put_agent("a", priority=BAD)),
+        ("labels", lambda a: a.put_agent("a", labels={"team": BAD})),
+        ("agent_id", lambda a: a.put_ledger(BAD, toks, [])),
+        ("region", lambda a: a.put_ledger("a", toks, [(0, 3, BAD, 0)])),
+        ("messages", lambda a: a.put_ledger("a", toks, [], [{"role": "user", "content": BAD}])),
+        ("agent_id", lambda a: a.put_state(BAD, b"kv", codec="f16", n_tokens=3, fingerprint=FP)),
+        ("n_tokens", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=HUGE, fingerprint=FP)),
+        ("codec", lambda a: a.put_state("a", b"kv", codec=BAD, n_tokens=3, fingerprint=FP)),
+        ("tier", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=3, fingerprint=FP, tier=BAD)),
+        ("fingerprint", lambda a: a.put_state("a", b"kv", codec="f16", n_tokens=3, fingerprint={"model": BAD})),
+        ("prompt_end", lambda a: a.put_checkpoint("keep", b"ck", prompt_end=(HUGE, 1))),
+        ("agent_id", lambda a: a.put_checkpoint(BAD, b"ck", prompt_end=(1, 1))),
+        ("agent_id", lambda a: a.delete_agent(BAD)),
+        ("agent_id", lambda a: a.delete_ledger(BAD)),
+        ("agent_id", lambda a: a.delete_state(BAD)),
+        ("agent_id", lambda a: a.log_event(BAD, "demote")),
+        ("kind", lambda a: a.log_event("a", BAD)),
+        ("data", lambda a: a.log_event("a", "demote", to=BAD)),
+        ("agent_id", lambda a: a.add_evicted_span(BAD, 0, 1, "user", "x")),
+        ("start", lambda a: a.add_evicted_span("a", HUGE, HUGE + 1, "user", "x")),
+        ("text", lambda a: a.add_evicted_span("a", 0, 1, "user", BAD)),
+        ("region", lambda a: a.add_evicted_span("a", 0, 1, BAD, "x")),
+        ("block_id", lambda a: a.put_shared_block(BAD, b"kv", n_tokens=1, fingerprint=FP)),
+        ("n_tokens", lambda a: a.put_shared_block("b", b"kv", n_tokens=HUGE, fingerprint=FP)),
+        ("fingerprint", lambda a: a.put_shared_block("b", b"kv", n_tokens=1, fingerprint={"m": BAD})),
+        ("block_id", lambda a: a.incref_shared_block(BAD)),
+        ("n", lambda a: a.incref_shared_block("blk", HUGE)),
+        ("n", lambda a: a.incref_shared_block("blk", 2**63 - 1)),  # 1 + n passes the 64-bit limit
+        ("limit", lambda a: a.events(limit=HUGE)),
+        ("limit", lambda a: a.list_evicted("keep", limit=HUGE)),
+        ("keep_last", lambda a: a.prune_events(HUGE)),
+        ("k", lambda a: a.search_evicted(None, "kept", k=HUGE)),
+    ]
+
+
+_UNSTORABLE = _writes_of_unstorable_values()
+
+
+@pytest.mark.parametrize(("field", "write"), _UNSTORABLE, ids=[f"{i}-{f}" for i, (f, _) in enumerate(_UNSTORABLE)])
+def test_unstorable_values_are_typed_errors_naming_the_field(arc: Archive, field: str, write) -> None:
+    """Issue #13 item 3: an agent id with a lone surrogate ("\\ud800") or an integer beyond
+    SQLite's 64 bits (priority 10**30) reached SQLite and escaped as `UnicodeEncodeError` /
+    `OverflowError: Python int too large to convert to SQLite INTEGER`, which broke the
+    pool's save loop; every writer now rejects them with a `ConfigError` naming the field."""
+    arc.put_state("keep", b"kv", codec="f16", n_tokens=3, fingerprint=FP)
+    arc.put_shared_block("blk", b"kv", n_tokens=1, fingerprint=FP)
+    assert arc.incref_shared_block("blk") == 1
+    arc.add_evicted_span("keep", 0, 1, "user", "kept text")
+    before = (arc.list_agents(), arc.list_shared_blocks(), arc.events(), arc.list_evicted("keep"))
+    with pytest.raises(ConfigError, match=rf"\b{field}\b") as info:
+        write(arc)
+    assert isinstance(info.value, AgentMemError)
+    assert (arc.list_agents(), arc.list_shared_blocks(), arc.events(), arc.list_evicted("keep")) == before

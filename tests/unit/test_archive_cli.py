@@ -1,16 +1,17 @@
-"""``agentmem archive ls|show|rm|vacuum|search`` through ``agentmem.cli.main``."""
+"""`agentmem archive ls|show|rm|vacuum|search` through `agentmem.cli.main`."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from agentmem.archive import Archive
 from agentmem.cli import build_parser, human_bytes, main
-from agentmem.memory.archive import Archive
 
 FP = {"model": "gemma-3-270m", "type_k": "q8_0"}
 
@@ -116,6 +117,27 @@ def test_search(db: str, capsys) -> None:
     assert "[100:200] user  Ship the invoice parser by Friday" in capsys.readouterr().out
     assert main(["archive", "search", db, "zebra"]) == 0
     assert capsys.readouterr().out.strip() == "no matches"
+
+
+@pytest.mark.parametrize("k", ["-1", "0"])
+def test_search_bad_k_is_one_line_and_status_2(db: str, capsys, k: str) -> None:
+    """Issue #13 item 6: `agentmem archive search -k -1` printed a traceback instead of
+    the promised one line on stderr and exit status 2."""
+    assert main(["archive", "search", db, "invoice", "-k", k]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agentmem: error: ") and "-k" in err and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_ls_and_show_survive_corrupt_labels(db: str, capsys) -> None:
+    """Issue #13 item 6: a corrupt agent row's `labels` made `agentmem archive ls` print a traceback."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("UPDATE agents SET labels = '{oops' WHERE id = 'planner'")
+    conn.close()
+    assert main(["archive", "ls", db]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:3]] == ["coder", "planner"]
+    assert main(["archive", "show", db, "planner", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["agent"]["labels"] == {}
 
 
 @pytest.mark.parametrize("cmd", [["ls"], ["show", "_", "a"], ["rm", "_", "a"], ["vacuum"]])

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from sqlite_utils import Database
 
+from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive
+from agentmem.archive import schema as archive_mod
 from agentmem.errors import AgentMemError, ArchiveError, StateError
-from agentmem.memory import archive as archive_mod
-from agentmem.memory.archive import MIGRATIONS, SCHEMA_VERSION, Archive
 
 REPO = Path(__file__).resolve().parents[2]
 FP = {"model": "m", "type_k": "f16"}
@@ -177,7 +177,7 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch) ->
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
     arc = Archive(sys.argv[1])
     arc.put_agent("held")
     print("ready", flush=True)
@@ -234,3 +234,25 @@ def test_second_writer_in_the_same_process_is_refused(tmp_path: Path) -> None:
     with Archive(path), pytest.raises(ArchiveError, match=f"in use by pid {os.getpid()}"):
         Archive(path)
     Archive(path).close()
+
+
+def test_second_writer_through_a_symlink_is_refused(tmp_path: Path) -> None:
+    """Issue #13 item 8: the lock was `<path>-lock` keyed on the path string, so a second
+    writer that opened the same file through a symlink (to the file or to its directory)
+    locked another lock file and two writers shared one archive. (`stats()` also looked for
+    the WAL next to the link, where SQLite never puts it.)"""
+    real = tmp_path / "real" / "a.db"
+    real.parent.mkdir()
+    (tmp_path / "link.db").symlink_to(real)
+    (tmp_path / "dirlink").symlink_to(real.parent, target_is_directory=True)
+    with Archive(real) as a:
+        for other in (tmp_path / "link.db", tmp_path / "dirlink" / "a.db"):
+            with pytest.raises(ArchiveError, match=f"in use by pid {os.getpid()}"):
+                Archive(other)
+        a.put_agent("first")
+    with Archive(tmp_path / "link.db") as b:  # the file behind the link, released on close
+        assert b.get_agent("first") is not None
+        b.put_agent("second")
+        assert b.stats().wal_bytes > 0
+        with pytest.raises(ArchiveError, match="in use"):
+            Archive(real)

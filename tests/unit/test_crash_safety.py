@@ -1,13 +1,13 @@
 """The archive survives SIGKILL at random points of its writes.
 
 A child process loops writing, per transaction, one agent's ledger, state
-(1-4 MB of random bytes) and an event, then appends ``agent seq`` to a journal
+(1-4 MB of random bytes) and an event, then appends `agent seq` to a journal
 file. The parent kills it with SIGKILL at a random moment -- during start-up and
 migration in some rounds, mid-write in most -- reopens the archive and checks:
 
 * the archive opens (WAL recovery works);
 * every stored state either verifies (length + SHA-256) or raises
-  ``CodecError`` (a cache miss); it is never silently wrong;
+  `CodecError` (a cache miss); it is never silently wrong;
 * ledger and state of an agent always come from the same transaction
   (their sequence numbers agree): no torn writes;
 * no committed transaction is lost: for every agent the archive holds at least
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentmem.archive import Archive
 from agentmem.errors import CodecError
-from agentmem.memory.archive import Archive
 
 KILLS = 50
 REPO = Path(__file__).resolve().parents[2]
@@ -41,20 +41,20 @@ AGENTS = ("planner", "coder", "reviewer", "selector")
 
 
 def _payload(agent: str, seq: int) -> tuple[np.ndarray, bytes]:
-    """Deterministic tokens and state blob of ``agent``'s write number ``seq``."""
+    """Deterministic tokens and state blob of `agent`'s write number `seq`."""
     rng = np.random.default_rng([AGENTS.index(agent), seq])
     n_tokens = int(rng.integers(1, 4000))
     size = int(rng.integers(1 << 20, 4 << 20))
     return rng.integers(0, 262_144, n_tokens, dtype=np.int32), rng.bytes(size)
 
 
-# The child runs from source with ``python -c`` rather than importing this
-# module, which would import pytest (~0.3 s a round); it shares ``_payload``.
+# The child runs from source with `python -c` rather than importing this
+# module, which would import pytest (~0.3 s a round); it shares `_payload`.
 _SHARED = f"import numpy as np\n\nAGENTS = {AGENTS!r}\n\n\n" + inspect.getsource(_payload)
 _CHILD = _SHARED + textwrap.dedent(
     """
     import os, random, sys
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
 
     path, journal, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
     print("opening", flush=True)

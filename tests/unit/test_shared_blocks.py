@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from agentmem import MemoryPool
+from agentmem.archive import Archive
 from agentmem.codec import join_state, parse_state, split_state
 from agentmem.errors import CodecError
-from agentmem.memory.archive import Archive
 from agentmem.memory.shared import BlockStore
 
 BRIEF = "the team must ship the release on friday and every change needs a review " * 4

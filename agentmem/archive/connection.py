@@ -1,0 +1,474 @@
+"""Opening an archive file and the plumbing every read and write goes through.
+
+`ArchiveConnection` checks the path, takes the file lock, sets WAL and the other
+pragmas, opens or migrates the schema, sets up full-text search and offers the
+locked reading/writing helpers and `transaction`. The module also holds the
+storage-generic value helpers: `checksum` and its verification, zero-copy blob
+views, canonical JSON and the checks of ids and counts.
+
+Concurrency: one writer per file. A writable archive takes an exclusive advisory
+lock (`flock` on `<path>-lock`, symlinks resolved) for as long as it is open, so a
+second writer -- another pool, another process, a second `Archive` in the same
+process, or one that names the file through a symlink -- fails at once with
+`ArchiveError("… is in use by pid N …")`. Readers (`readonly=True`, used by
+`agentmem archive ls`) take no lock and see consistent snapshots thanks
+to WAL, so they work while a pool is running.
+
+Durability: `synchronous=NORMAL` in WAL mode (the default) never corrupts the file
+and loses no committed transaction when the *process* dies (SIGKILL, OOM); a
+power cut may drop the last few commits, which is acceptable for a cache whose
+ledger the application can resend. Pass `synchronous="FULL"` to fsync every
+commit. Every blob carries a SHA-256 checksum written in the same transaction and
+verified on read; a mismatch raises `CodecError`, which callers treat as a cache
+miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from sqlite_utils import Database
+
+from agentmem.archive import schema
+from agentmem.archive.records import BlobLike
+from agentmem.errors import ArchiveError, ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+try:  # POSIX only; elsewhere the archive opens without the cross-process lock
+    import fcntl
+except ImportError:  # pragma: no cover - exercised on Windows only
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["ArchiveConnection", "checksum"]
+
+logger = logging.getLogger(__name__)
+
+_CHECKSUM_ALGO = "sha256"  # SHA-NI makes it ~2x faster than blake2b on x86
+_BUSY_TIMEOUT_MS = 5_000
+_WAL_SIZE_LIMIT = 64 * 1024 * 1024  # truncate the WAL back to this after checkpoints
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER holds
+
+
+def checksum(data: BlobLike) -> str:
+    """Return the archive's checksum of `data` as `"sha256:<hex>"`.
+
+    Examples:
+        >>> checksum(b"abc")[:15]
+        'sha256:ba7816bf'
+    """
+    return f"{_CHECKSUM_ALGO}:{hashlib.new(_CHECKSUM_ALGO, _as_buffer(data)).hexdigest()}"
+
+
+def _verify_checksum(stored: str, data: bytes) -> str | None:
+    """Return the recomputed checksum when it differs from `stored`, else None."""
+    algo, _, _ = stored.partition(":")
+    try:
+        actual = f"{algo}:{hashlib.new(algo, data).hexdigest()}"
+    except ValueError:  # unknown algorithm name: treat as unverifiable
+        return f"unknown algorithm {algo!r}"
+    return None if actual == stored else actual
+
+
+def _as_buffer(blob: BlobLike) -> bytes | bytearray | memoryview:
+    """A zero-copy byte view of `blob` that sqlite3 and hashlib both accept."""
+    if isinstance(blob, np.ndarray):
+        return np.ascontiguousarray(blob).data.cast("B")
+    if isinstance(blob, memoryview):
+        return blob.cast("B") if blob.c_contiguous else memoryview(blob.tobytes())
+    if isinstance(blob, (bytes, bytearray)):
+        return blob
+    raise TypeError(f"blob must be bytes, bytearray, memoryview or numpy array, not {type(blob).__name__}")
+
+
+def _json_dumps(value: Any) -> str:
+    """Canonical JSON: sorted keys, no spaces, non-ASCII kept as is."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _normalise_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """Round-trip through JSON so tuples/lists and key order compare equal."""
+    if not isinstance(fingerprint, Mapping):
+        raise TypeError(f"fingerprint must be a dict, not {type(fingerprint).__name__}")
+    try:
+        return json.loads(_json_dumps(dict(fingerprint)))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"fingerprint is not JSON-serialisable: {exc}") from exc
+
+
+def _check_text(name: str, value: str) -> str:
+    """`value` unchanged if SQLite can store it: a str with a UTF-8 encoding (no lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise ConfigError(f"{name} must be valid UTF-8 text ({exc.reason} at index {exc.start}): {shown!r}") from exc
+    return value
+
+
+def _json_text(name: str, value: Any) -> str:
+    """`_json_dumps(value)`, checked to be storable text (strings inside may hold lone surrogates)."""
+    return _check_text(name, _json_dumps(value))
+
+
+def _check_key(name: str, value: Any) -> Any:
+    """A lookup key unchanged; a str one must be storable text (other types go to SQLite as before)."""
+    return _check_text(name, value) if isinstance(value, str) else value
+
+
+def _check_int64(name: str, value: int) -> int:
+    """`value` as an int if it fits SQLite's 64-bit INTEGER."""
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ConfigError(f"{name} must fit in a signed 64-bit integer, not {value!r}")
+    return int(value)
+
+
+def _check_agent_id(agent_id: str) -> str:
+    if not isinstance(agent_id, str) or not agent_id:
+        raise TypeError(f"agent_id must be a non-empty str, not {agent_id!r}")
+    return _check_text("agent_id", agent_id)
+
+
+def _check_count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative int, not {value!r}")
+    return _check_int64(name, value)
+
+
+def _fts5_available(conn: sqlite3.Connection) -> bool:
+    """Whether this SQLite build has FTS5 (probed with a temp table)."""
+    try:
+        conn.execute("CREATE VIRTUAL TABLE temp._agentmem_fts5_probe USING fts5(x)")
+        conn.execute("DROP TABLE temp._agentmem_fts5_probe")
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class ArchiveConnection:
+    """The open SQLite file under an `Archive`: lifecycle, lock, schema and plumbing.
+
+    Not used on its own: `Archive` (in `agentmem.archive.store`) adds the reads
+    and writes by kind of data and documents the constructor's arguments.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout_ms: int = _BUSY_TIMEOUT_MS,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        self._memory = self.path == ":memory:"
+        self._lock = threading.RLock()
+        self._lock_fd: int | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._db: Database | None = None
+        self._fts = False
+        self._fts5 = False
+        self._schema_version = 0
+        try:
+            if not self._memory:
+                self._check_path()
+                if not readonly:
+                    self._acquire_file_lock()
+            self._connect(synchronous, busy_timeout_ms)
+            self._open_schema()
+            self._setup_fts()
+        except BaseException:
+            self.close()
+            raise
+        logger.debug(
+            "opened archive %s (schema v%d, %s, fts=%s)",
+            self.path,
+            self._schema_version,
+            "readonly" if readonly else "read-write",
+            self._fts,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def lock_path(self) -> str:
+        """The advisory lock file a writable archive holds: `<real path>-lock`.
+
+        Keyed on the file itself (symlinks of the file or its directories
+        resolved), so two openers of one file through different names take the
+        same lock.
+        """
+        return os.path.realpath(self.path) + "-lock"
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` has run."""
+        return self._conn is None
+
+    @property
+    def schema_version(self) -> int:
+        """Schema version of the open file (always `SCHEMA_VERSION` when writable)."""
+        return self._schema_version
+
+    @property
+    def fts_enabled(self) -> bool:
+        """Whether `search_evicted` uses FTS5 (else a LIKE scan)."""
+        return self._fts
+
+    def close(self) -> None:
+        """Close the connection and release the lock; safe to call twice.
+
+        An open `transaction` is rolled back.
+        """
+        with self._lock:
+            conn, self._conn, self._db = self._conn, None, None
+            if conn is not None:
+                try:
+                    conn.close()
+                except sqlite3.Error as exc:  # pragma: no cover - close rarely fails
+                    logger.warning("closing archive %s: %s", self.path, exc)
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                # Closing the descriptor drops the flock; the file stays so that
+                # a concurrent opener never races on its creation.
+                os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_conn", None) is not None:
+            warnings.warn(f"Archive {self.path!r} was not closed", ResourceWarning, stacklevel=2)
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("readonly" if self.readonly else "open")
+        return f"Archive({self.path!r}, {state})"
+
+    def _check_path(self) -> None:
+        p = Path(self.path)
+        if p.is_dir():
+            raise ArchiveError(f"{self.path}: is a directory, not an archive file")
+        if self.readonly and not p.exists():
+            raise ArchiveError(f"{self.path}: no such archive file")
+        if not p.parent.exists():
+            raise ArchiveError(f"{self.path}: directory {str(p.parent)!r} does not exist")
+
+    def _acquire_file_lock(self) -> None:
+        if fcntl is None:  # pragma: no cover - Windows
+            logger.warning("no fcntl on this platform: %s is opened without an exclusive lock", self.path)
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ArchiveError(f"{self.path}: cannot create lock file {self.lock_path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = ""
+            try:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            except OSError:
+                pass
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ArchiveError(f"{self.path}: cannot lock {self.lock_path}: {exc}") from exc
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise ArchiveError(
+                f"{self.path} is in use by {who} (it holds {self.lock_path}); close the "
+                "other pool/archive first, or open with readonly=True to read it"
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._lock_fd = fd
+
+    def _connect(self, synchronous: str, busy_timeout_ms: int) -> None:
+        try:
+            if self._memory:
+                conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            elif self.readonly:
+                uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            else:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ArchiveError(f"{self.path}: cannot open: {exc}") from exc
+        self._conn = conn
+        try:
+            # isolation_level=None: no implicit transactions; sqlite-utils' atomic()
+            # issues BEGIN/SAVEPOINT itself.
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._fts5 = _fts5_available(conn)  # probe before query_only forbids temp tables
+            if self.readonly:
+                conn.execute("PRAGMA query_only = ON")
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            else:
+                if not self._memory:
+                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        logger.warning("%s: journal_mode is %s, not wal", self.path, mode)
+                conn.execute(f"PRAGMA synchronous = {synchronous}")
+                conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+        except sqlite3.DatabaseError as exc:
+            name = getattr(exc, "sqlite_errorname", "")
+            if name == "SQLITE_NOTADB" or "not a database" in str(exc):
+                raise ArchiveError(f"{self.path}: file is not a database (not an agentmem archive)") from exc
+            raise ArchiveError(f"{self.path}: cannot open: {exc}") from exc
+        self._db = Database(conn, execute_plugins=False)
+
+    def _open_schema(self) -> None:
+        db = self._require_db()
+        try:
+            tables = set(db.table_names())
+            if "meta" in tables:
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if row is None or not str(row[0]).isdigit():
+                    raise ArchiveError(f"{self.path}: meta table has no valid schema_version ({row!r})")
+                version = int(row[0])
+            elif tables:
+                raise ArchiveError(
+                    f"{self.path}: a SQLite database but not an agentmem archive (tables: {', '.join(sorted(tables))})"
+                )
+            else:
+                version = 0
+        except sqlite3.DatabaseError as exc:
+            raise ArchiveError(f"{self.path}: file is not a database or is corrupt: {exc}") from exc
+        newest = schema.SCHEMA_VERSION  # read at call time: tests stand in other migrations
+        if version > newest:
+            raise ArchiveError(
+                f"{self.path}: schema version {version} is newer than this agentmem "
+                f"supports (version {newest}); upgrade agentmem to open it"
+            )
+        if version < newest:
+            if self.readonly:
+                raise ArchiveError(
+                    f"{self.path}: schema version {version} needs migrating to version "
+                    f"{newest}; open it once without readonly=True"
+                )
+            schema.migrate(db, self.path, version)
+            version = newest
+        self._schema_version = version
+
+    def _setup_fts(self) -> None:
+        """Use FTS5 for evicted text when SQLite has it; keep the index in step."""
+        db = self._require_db()
+        available = self._fts5
+        spans = db.table("evicted_spans")
+        has_table = db.table("evicted_spans_fts").exists()
+        has_triggers = {"evicted_spans_ai", "evicted_spans_ad", "evicted_spans_au"} <= {t.name for t in spans.triggers}
+        if available and has_table and has_triggers:
+            self._fts = True
+            return
+        if self.readonly:
+            self._fts = available and has_table and has_triggers
+            if not self._fts:
+                logger.warning("%s: FTS5 index unusable; evicted-text search falls back to LIKE", self.path)
+            return
+        try:
+            with db.atomic():
+                if available:
+                    if has_table:  # index left stale by a build without FTS5: rebuild it
+                        spans.disable_fts()
+                    spans.enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
+                    self._fts = True
+                    return
+                if has_table:
+                    # Without the FTS5 module the sync triggers would make every
+                    # insert fail; drop them. A later open with FTS5 rebuilds.
+                    for name in ("evicted_spans_ai", "evicted_spans_ad", "evicted_spans_au"):
+                        db.execute(f'DROP TRIGGER IF EXISTS "{name}"')
+        except sqlite3.Error as exc:
+            raise ArchiveError(f"{self.path}: cannot set up full-text search: {exc}") from exc
+        self._fts = False
+        logger.warning("%s: SQLite has no FTS5; evicted-text search falls back to LIKE scans", self.path)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _require_db(self) -> Database:
+        if self._db is None:
+            raise ArchiveError(f"{self.path}: archive is closed")
+        return self._db
+
+    def _require_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ArchiveError(f"{self.path}: archive is closed")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[Database]:
+        """Hold the lock and turn SQLite errors into `ArchiveError` naming the file."""
+        with self._lock:
+            db = self._require_db()
+            try:
+                yield db
+            except sqlite3.Error as exc:
+                raise ArchiveError(f"{self.path}: {what} failed: {exc}") from exc
+
+    def _row(self, what: str, sql: str, params: Sequence[Any]) -> Any:
+        """The first row of a read query (`None` when there is none)."""
+        with self._reading(what) as db:
+            return db.execute(sql, list(params)).fetchone()
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[Database]:
+        """Like `_reading`, inside a transaction (a savepoint when nested)."""
+        with self._reading(what) as db:
+            if self.readonly:
+                raise ArchiveError(f"{self.path}: opened readonly; cannot {what}")
+            with db.atomic():
+                yield db
+
+    def _touch_agent(self, db: Database, agent_id: str, now: float) -> None:
+        db.execute(
+            "INSERT INTO agents(id, created, updated) VALUES (?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET updated = excluded.updated",
+            [agent_id, now, now],
+        )
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Self]:
+        """Group writes so they commit together or not at all.
+
+        Nested calls become savepoints. Other threads wait until the outermost
+        block ends. An exception inside the block rolls everything back and
+        propagates.
+
+        Examples:
+            >>> import numpy as np
+            >>> from agentmem.archive import Archive
+            >>> with Archive(":memory:") as arc:
+            ...     with arc.transaction():
+            ...         arc.put_ledger("a", np.arange(4, dtype=np.int32), [])
+            ...         _ = arc.put_state("a", b"kv", codec="f16", n_tokens=4, fingerprint={})
+            ...     arc.get_ledger("a").n_tokens
+            4
+        """
+        with self._writing("transaction") as _:
+            yield self

@@ -1,0 +1,200 @@
+"""The archive's schema as ordered migrations.
+
+A file's schema version is the number of steps of `MIGRATIONS` applied to it;
+`SCHEMA_VERSION` is the newest. `migrate` applies the missing steps, each in its
+own transaction together with its version bump. `TABLES` and `PAYLOAD_SQL` say
+which tables `Archive.stats` counts and how it sizes their payload.
+
+A new schema step is one more `_vN_…` function appended to `MIGRATIONS`; never edit
+a released step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sqlite_utils import Database
+
+from agentmem.errors import ArchiveError
+
+__all__ = ["MIGRATIONS", "PAYLOAD_SQL", "SCHEMA_VERSION", "TABLES", "migrate"]
+
+logger = logging.getLogger(__name__)
+
+
+def _v1_initial(db: Database) -> None:
+    """Version 1: every table of the archive."""
+    db.executescript(
+        """
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        CREATE TABLE agents (
+            id       TEXT PRIMARY KEY,
+            priority NOT NULL DEFAULT 0,   -- no type: keeps ints as ints, names as text
+            labels   TEXT NOT NULL DEFAULT '{}',
+            created  REAL NOT NULL,
+            updated  REAL NOT NULL
+        );
+        -- Large columns come last in every table: SQLite must walk a column's
+        -- overflow pages to reach the columns after it.
+        CREATE TABLE ledgers (
+            agent_id TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
+            n_tokens INTEGER NOT NULL,
+            n_bytes  INTEGER NOT NULL,     -- bytes of tokens + regions + messages
+            updated  REAL NOT NULL,
+            regions  TEXT NOT NULL,        -- JSON [[start, end, region, flags], ...]
+            messages TEXT,                 -- JSON list of message dicts, or NULL
+            tokens   BLOB NOT NULL         -- int32 little-endian
+        );
+        CREATE TABLE states (
+            agent_id    TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
+            tier        TEXT NOT NULL,
+            codec       TEXT NOT NULL,
+            n_tokens    INTEGER NOT NULL,
+            n_bytes     INTEGER NOT NULL,
+            checksum    TEXT NOT NULL,     -- "sha256:<hex>" of blob
+            fingerprint TEXT NOT NULL,     -- JSON object, keys sorted
+            created     REAL NOT NULL,
+            blob        BLOB NOT NULL
+        );
+        CREATE TABLE events (
+            id       INTEGER PRIMARY KEY,
+            ts       REAL NOT NULL,
+            agent_id TEXT,                 -- NULL for pool-wide events; no FK on purpose
+            kind     TEXT NOT NULL,
+            data     TEXT NOT NULL         -- JSON object
+        );
+        CREATE TABLE evicted_spans (
+            id       INTEGER PRIMARY KEY,
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            start    INTEGER NOT NULL,
+            "end"    INTEGER NOT NULL,
+            region   TEXT NOT NULL,
+            text     TEXT NOT NULL,
+            ts       REAL NOT NULL
+        );
+        CREATE INDEX evicted_spans_agent ON evicted_spans(agent_id, id);
+        CREATE TABLE shared_blocks (
+            id          TEXT PRIMARY KEY,
+            refcount    INTEGER NOT NULL DEFAULT 0 CHECK (refcount >= 0),
+            n_tokens    INTEGER NOT NULL,
+            n_bytes     INTEGER NOT NULL,
+            checksum    TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            created     REAL NOT NULL,
+            updated     REAL NOT NULL,
+            blob        BLOB NOT NULL
+        );
+        """
+    )
+
+
+def _v2_event_indexes(db: Database) -> None:
+    """Version 2: indexes for per-agent and recent-first event queries."""
+    db.table("events").create_index(["agent_id", "id"], index_name="events_agent")
+    db.table("events").create_index(["ts"], index_name="events_ts")
+
+
+def _v3_state_blocks(db: Database) -> None:
+    """Version 3: a state may reference a shared block (it then holds only its private cells).
+
+    `shared_blocks.refcount` counts the states that reference a block; triggers
+    keep it exact (cascading deletes included) and drop a block when it reaches 0.
+    """
+    db.executescript(
+        """
+        CREATE TABLE state_blocks (
+            agent_id TEXT PRIMARY KEY REFERENCES states(agent_id) ON DELETE CASCADE,
+            block_id TEXT NOT NULL REFERENCES shared_blocks(id),
+            layout   BLOB NOT NULL          -- int32 order array (agentmem.memory.shared.split_state)
+        );
+        CREATE INDEX state_blocks_block ON state_blocks(block_id);
+        CREATE TRIGGER state_blocks_ref AFTER INSERT ON state_blocks BEGIN
+            UPDATE shared_blocks SET refcount = refcount + 1 WHERE id = NEW.block_id;
+        END;
+        CREATE TRIGGER state_blocks_unref AFTER DELETE ON state_blocks BEGIN
+            UPDATE shared_blocks SET refcount = refcount - 1 WHERE id = OLD.block_id;
+            DELETE FROM shared_blocks WHERE id = OLD.block_id AND refcount = 0;
+        END;
+        """
+    )
+
+
+def _v4_state_checkpoints(db: Database) -> None:
+    """Version 4: a state's sliding-window checkpoint (and the prompt end it belongs to)."""
+    db.executescript(
+        """
+        CREATE TABLE state_checkpoints (
+            agent_id        TEXT PRIMARY KEY REFERENCES states(agent_id) ON DELETE CASCADE,
+            prompt_end_hist INTEGER NOT NULL,   -- history tokens at the last prompt's end
+            prompt_end_live INTEGER NOT NULL,   -- live tokens (KV cells) there
+            checksum        TEXT NOT NULL,      -- "sha256:<hex>" of blob
+            layout          BLOB,               -- order array when cut against the state itself
+            blob            BLOB NOT NULL
+        );
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints]
+"""Schema steps in order; step `i` takes a file from version `i` to `i + 1`."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+"""The schema version this code writes."""
+
+TABLES = (
+    "agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks", "state_checkpoints",
+)
+"""Every table of the newest schema, in the order `Archive.stats` reports them."""
+
+PAYLOAD_SQL = {
+    "agents": "length(id) + length(labels)",
+    "ledgers": "n_bytes",
+    "states": "length(blob) + length(fingerprint)",
+    "events": "length(kind) + length(data)",
+    "evicted_spans": "length(text)",
+    "shared_blocks": "length(blob) + length(fingerprint)",
+    "state_blocks": "length(layout)",
+    "state_checkpoints": "length(blob) + ifnull(length(layout), 0)",
+}
+"""Per table, the SQL expression summing a row's stored payload bytes."""
+
+
+def migrate(db: Database, path: str, version: int) -> None:
+    """Take the file behind `db` from schema `version` to `SCHEMA_VERSION`.
+
+    Each step commits together with its version bump, or not at all, so a failed
+    step leaves the file at the last version that fully applied.
+
+    Args:
+        db: the open, writable database.
+        path: the file's name, for messages.
+        version: the file's current schema version.
+
+    Raises:
+        ArchiveError: a step failed; the message names it and both versions.
+    """
+    for step in range(version, SCHEMA_VERSION):
+        migration = MIGRATIONS[step]
+        try:
+            with db.atomic():
+                migration(db)
+                db.execute(
+                    "INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    [str(step + 1)],
+                )
+                if step == 0:
+                    db.execute(
+                        "INSERT INTO meta(key, value) VALUES ('application', 'agentmem'), ('created', ?)",
+                        [str(time.time())],
+                    )
+        except Exception as exc:
+            raise ArchiveError(
+                f"{path}: migration {migration.__name__} (version {step} -> {step + 1}) failed: {exc}"
+            ) from exc
+        logger.info("%s: migrated schema to version %d (%s)", path, step + 1, migration.__name__)
