@@ -24,7 +24,7 @@ from agentmem.policy.placement import AgentInfo, PlacementPolicy
 if TYPE_CHECKING:
     from agentmem.config import PoolConfig
     from agentmem.engine.context import LlamaContext, LlamaModel
-    from agentmem.memory.archive import Archive
+    from agentmem.archive import Archive
     from agentmem.memory.tiers import Tier
 
 __all__ = ["AGENT_COUNTERS", "POOL_TOTALS", "AgentState", "PoolCore"]
