@@ -25,7 +25,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -360,11 +360,17 @@ class LlamaContext:
         return self._ptr
 
     def close(self) -> None:
-        """Free the context (idempotent)."""
+        """Free the context (idempotent). Every later operation raises `EngineError`."""
         if not getattr(self, "_closed", True):
             with self.lock:
                 self._closed = True
                 _ll.llama_free(self._ptr)
+
+    def _memory(self) -> Any:
+        """The KV memory handle (lock held); `EngineError` once closed, never a freed pointer."""
+        if self._closed:
+            raise EngineError("context is closed")
+        return self._mem
 
     def __enter__(self) -> LlamaContext:
         return self
@@ -445,7 +451,7 @@ class LlamaContext:
         """Remove cells of `seq` with positions in `[p0, p1)` (-1 = open end)."""
         self._check_seq(seq)
         with self.lock:
-            if not _ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            if not _ll.llama_memory_seq_rm(self._memory(), seq, p0, p1):
                 raise EngineError(f"llama_memory_seq_rm(seq={seq}, {p0}, {p1}) failed (partial removal unsupported?)")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -453,7 +459,7 @@ class LlamaContext:
         self._check_seq(src)
         self._check_seq(dst)
         with self.lock:
-            _ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+            _ll.llama_memory_seq_cp(self._memory(), src, dst, p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions of `seq` in `[p0, p1)` by `delta` (needs `can_shift`)."""
@@ -461,22 +467,22 @@ class LlamaContext:
         if not self.can_shift:
             raise EngineError("this KV cache cannot shift positions (swa_full=False?)")
         with self.lock:
-            _ll.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+            _ll.llama_memory_seq_add(self._memory(), seq, p0, p1, delta)
 
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)
         with self.lock:
-            return _ll.llama_memory_seq_pos_min(self._mem, seq)
+            return _ll.llama_memory_seq_pos_min(self._memory(), seq)
 
     def seq_pos_max(self, seq: int) -> int:
         self._check_seq(seq)
         with self.lock:
-            return _ll.llama_memory_seq_pos_max(self._mem, seq)
+            return _ll.llama_memory_seq_pos_max(self._memory(), seq)
 
     def clear(self) -> None:
         """Drop every cell of every sequence."""
         with self.lock:
-            _ll.llama_memory_clear(self._mem, True)
+            _ll.llama_memory_clear(self._memory(), True)
 
     # -- state ------------------------------------------------------------------
     def state_size(self, seq: int) -> int:
@@ -543,7 +549,7 @@ class LlamaContext:
         if arr.dtype != np.uint8 or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=np.uint8)
         with self.lock, llama_log.restore_attempt():
-            _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            _ll.llama_memory_seq_rm(self._memory(), seq, -1, -1)
             return _ll.llama_state_seq_set_data(
                 self.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), arr.nbytes, seq
             )

@@ -1,10 +1,11 @@
 """Sampling: llama.cpp's sampler chain, stop strings and incremental detokenization.
 
-* :class:`SamplingParams` — the knobs of one generation (typed, validated).
-* :class:`Sampler` — a native ``llama_sampler`` chain built from them (greedy,
+* `SamplingParams` — the knobs of one generation (typed, validated: a wrong type,
+  a NaN or an out-of-range value is a `ConfigError` naming the field).
+* `Sampler` — a native `llama_sampler` chain built from them (greedy,
   or penalties → top-k → top-p → min-p → temperature → seeded draw; a GBNF
   grammar first when given). Frees itself.
-* :class:`TextAssembler` — turns sampled tokens into text safely: UTF-8 split
+* `TextAssembler` — turns sampled tokens into text safely: UTF-8 split
   across tokens, stop strings (text is held back while it could still be the
   start of a stop string, so streaming never emits a partial stop).
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 import codecs
 import ctypes
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import llama_cpp as _ll
 import numpy as np
 
 from agentmem.errors import ConfigError, EngineError
+from agentmem.validation import bounded_int, finite_float
 
 __all__ = ["Sampler", "SamplingParams", "TextAssembler"]
 
@@ -30,15 +32,15 @@ class SamplingParams:
 
     Attributes:
         max_tokens: tokens to generate at most.
-        temperature: ``0`` means greedy (deterministic).
-        top_k: keep the k most likely tokens (``0`` = off).
-        top_p: nucleus sampling mass (``1.0`` = off).
-        min_p: drop tokens below ``min_p`` × the top probability (``0`` = off).
-        repeat_penalty: penalty for tokens among the last ``repeat_last_n`` (``1.0`` = off).
-        repeat_last_n: window for ``repeat_penalty``.
+        temperature: `0` means greedy (deterministic).
+        top_k: keep the k most likely tokens (`0` = off).
+        top_p: nucleus sampling mass (`1.0` = off).
+        min_p: drop tokens below `min_p` × the top probability (`0` = off).
+        repeat_penalty: penalty for tokens among the last `repeat_last_n` (`1.0` = off).
+        repeat_last_n: window for `repeat_penalty`.
         seed: seed of the random draw (ignored when greedy).
         stop: strings that end the generation; they are not included in the text.
-        grammar: a GBNF grammar (root rule ``root``) constraining the output.
+        grammar: a GBNF grammar (root rule `root`) constraining the output.
     """
 
     max_tokens: int = 256
@@ -53,28 +55,32 @@ class SamplingParams:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ConfigError(f"max_tokens must be a non-negative int, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
-        if self.repeat_penalty <= 0:
-            raise ConfigError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        set_ = object.__setattr__  # frozen: store the normalised values
+        set_(self, "max_tokens", bounded_int(self.max_tokens, field="max_tokens", lo=0))
+        set_(self, "temperature", finite_float(self.temperature, field="temperature", lo=0.0))
+        set_(self, "top_k", bounded_int(self.top_k, field="top_k", lo=0, hi=2**31 - 1))
+        set_(self, "top_p", finite_float(self.top_p, field="top_p", lo=0.0, lo_open=True, hi=1.0))
+        min_p = finite_float(self.min_p, field="min_p", lo=0.0)
+        if min_p >= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p!r}")
+        set_(self, "min_p", min_p)
+        set_(self, "repeat_penalty", finite_float(self.repeat_penalty, field="repeat_penalty", lo=0.0, lo_open=True))
+        set_(self, "repeat_last_n", bounded_int(self.repeat_last_n, field="repeat_last_n", lo=-1, hi=2**31 - 1))
+        set_(self, "seed", bounded_int(self.seed, field="seed", lo=0, hi=2**32 - 1))
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ConfigError(f"grammar must be a GBNF string or None, got {type(self.grammar).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
 
     @classmethod
     def make(cls, *, stop: str | Sequence[str] | None = None, **kw: object) -> SamplingParams:
-        """Build from loose arguments (``stop`` may be a string, list or None)."""
+        """Build from loose arguments (`stop` may be a string, a list of strings or None)."""
         if stop is None:
             stops: tuple[str, ...] = ()
         elif isinstance(stop, str):
             stops = (stop,)
+        elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Iterable):
+            raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}")
         else:
             stops = tuple(stop)
         return cls(stop=stops, **{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
@@ -155,7 +161,7 @@ class Sampler:
     def _constrained_pick(self, ctx_ptr: int, idx: int) -> int:
         """The chain's pick among grammar-valid tokens.
 
-        First among the ``_TOP`` most likely tokens (if any is valid, the most
+        First among the `_TOP` most likely tokens (if any is valid, the most
         likely valid token of the whole vocabulary is among them, so a greedy
         pick is exact); only when none is valid, over the whole vocabulary.
         """
@@ -177,7 +183,7 @@ class Sampler:
         return self._pick()
 
     def sample(self, ctx_ptr: int, idx: int) -> int:
-        """Sample (and accept) the next token from the logits at batch index ``idx``."""
+        """Sample (and accept) the next token from the logits at batch index `idx`."""
         if self._grammar is None:
             return _ll.llama_sampler_sample(self._ptr, ctx_ptr, idx)
         self._fill(ctx_ptr, idx)
@@ -214,7 +220,7 @@ class Sampler:
 class TextAssembler:
     """Accumulate token bytes into text, honouring stop strings.
 
-    ``push(piece)`` returns the text that is safe to emit now; ``stopped`` is set
+    `push(piece)` returns the text that is safe to emit now; `stopped` is set
     when a stop string appeared (the text before it is the final text).
     """
 

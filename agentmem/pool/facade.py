@@ -21,7 +21,8 @@ from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ConfigError
+from agentmem import validation as check
+from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.archive import Archive, EvictedSpan
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.memory.tiers import build_tiers
@@ -193,10 +194,9 @@ class MemoryPool:
         try:
             self._prefetcher.stop()
             if core.archive is not None:
-                try:
-                    self._mover.save_all(final=True)
-                except AgentMemError as exc:
-                    logger.error("could not save agents to %s on close: %s", self.config.archive_path, exc)
+                failed = self._mover.save_all(final=True)
+                if failed:
+                    logger.error("could not save %d agent(s) to %s on close: %s", len(failed), self.config.archive_path, failed)
         finally:
             self._closed = core.closed = True
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -272,9 +272,10 @@ class MemoryPool:
 
         Validation happens here (before the first `next`), so bad input fails fast.
         """
+        self._check_open()
+        check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
-        self._check_agent_id(agent_id)
-        msgs = list(messages) if not isinstance(messages, (str, bytes)) else messages
+        msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs)
         return ChatStream(self._turns.run(agent_id, prompt, params, n_messages=len(msgs)))
 
@@ -304,24 +305,29 @@ class MemoryPool:
         **sampling: Any,
     ) -> ChatStream:
         """Streaming `complete`."""
+        self._check_open()
+        check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
-        self._check_agent_id(agent_id)
+        if not isinstance(prompt, str):
+            raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
         return ChatStream(self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1))
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
         """Async `chat` (runs in a worker thread; never blocks the event loop)."""
-        msgs = list(messages)
+        self._check_open()
+        msgs = check.message_list(messages)
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.chat(agent_id, msgs, **kw))
 
     async def acomplete(self, agent_id: str, prompt: str, **kw: Any) -> ChatResult:
         """Async `complete`."""
+        self._check_open()
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.complete(agent_id, prompt, **kw))
 
     async def achat_stream(
         self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any
     ) -> AsyncIterator[str | ChatResult]:
         """Async streaming: yields text pieces, then the final `ChatResult`."""
-        stream = self.chat_stream(agent_id, list(messages), **kw)
+        stream = self.chat_stream(agent_id, check.message_list(messages), **kw)
         async for item in drive_async(stream):
             yield item
 
@@ -350,11 +356,13 @@ class MemoryPool:
 
     def agents(self) -> list[str]:
         """Ids of the agents the pool knows."""
+        self._check_open()
         with self._core.lock:
             return list(self._core.agents)
 
     def forget(self, agent_id: str) -> None:
         """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
+        self._check_open()
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
@@ -364,6 +372,7 @@ class MemoryPool:
 
     def park(self, agent_id: str, tier: str = "warm") -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
+        self._check_open()
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
@@ -378,27 +387,45 @@ class MemoryPool:
 
     def set_priority(self, agent_id: str, priority: int | str) -> None:
         """`"foreground"`, `"normal"`, `"background"` or an int weight (creates the agent if new)."""
-        w = priority_weight(priority)
-        self._check_agent_id(agent_id)
+        self._check_open()
+        check.agent_id(agent_id)
+        w = priority_weight(check.priority(priority))
         with self._core.lock:
             self._core.agents.setdefault(agent_id, AgentState(agent_id)).priority = w
 
     def set_budget(self, agent_id: str, tokens: int, eviction: str | None = None) -> None:
         """Give `agent_id` its own live-token budget (`0` = pool default) and eviction policy."""
-        if not isinstance(tokens, int) or tokens < 0 or tokens > self.capacity:
-            raise ConfigError(f"budget must be an int in [0, {self.capacity}], got {tokens!r}")
+        self._check_open()
+        check.agent_id(agent_id)
+        check.bounded_int(tokens, field="budget", lo=0, hi=self.capacity)
         if eviction is not None:
             PoolCore.eviction_policy(eviction)
-        self._check_agent_id(agent_id)
         with self._core.lock:
+            a = self._core.agents.get(agent_id)
+            pinned = int(a.ledger.pinned[a.ledger.live].sum()) if a is not None else 0
+            if tokens and pinned >= tokens:
+                raise ConfigError(
+                    f"budget {tokens} of agent {agent_id!r} does not exceed its {pinned} pinned live tokens: "
+                    f"eviction could only take the current turn; unpin messages or raise the budget"
+                )
             a = self._core.agents.setdefault(agent_id, AgentState(agent_id))
             a.budget = tokens
             a.eviction = eviction or ""
 
     def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:
         """Pin (never evict) the tokens of message `message_index` of `agent_id`; returns their count."""
+        self._check_open()
+        check.bounded_int(message_index, field="message_index", lo=0)
+        if not isinstance(pinned, bool):
+            raise ConfigError(f"pinned must be a bool, got {pinned!r}")
         with self._core.lock:
-            return self._core.agent(agent_id).ledger.set_pinned(message_index, pinned)
+            led = self._core.agent(agent_id).ledger
+            n_messages = int(led.messages.max()) + 1 if len(led) else 0
+            if message_index >= n_messages:
+                raise ConfigError(
+                    f"message_index {message_index} is not a message of agent {agent_id!r} (it has {n_messages})"
+                )
+            return led.set_pinned(message_index, pinned)
 
     def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
         """Declare a shared prefix (team brief, task, document); returns its token count.
@@ -408,9 +435,13 @@ class MemoryPool:
         recompute: tagged in the live cache (`seq_cp`) or restored from the
         parked share. Undeclared common prefixes between agents are found too.
         """
+        self._check_open()
         if not isinstance(name, str) or not name:
             raise ConfigError(f"share name must be a non-empty string, got {name!r}")
-        msgs = list(messages)
+        check.agent_id(SHARE_PREFIX + name, field="name", internal=True)
+        msgs = check.message_list(messages)
+        if not msgs:
+            raise ConfigError(f"share {name!r} needs at least one message")
         # Render with a following user turn and keep what precedes it: that is exactly
         # the prefix agents' prompts (shared messages + their own turns) start with.
         rendered = self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}])
@@ -436,7 +467,11 @@ class MemoryPool:
         parked source's state is restored into the destination's sequence. The
         destination then diverges copy-on-write; the source is unaffected.
         """
-        self._check_agent_id(dst)
+        self._check_open()
+        check.agent_id(src, field="src")
+        check.agent_id(dst, field="dst")
+        if upto is not None:
+            check.bounded_int(upto, field="upto", lo=1)
         if src == dst:
             raise ConfigError("handoff needs two different agents")
         with self._core.lock:
@@ -444,6 +479,9 @@ class MemoryPool:
 
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
         """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
+        self._check_open()
+        check.agent_id(agent_id, internal=True)
+        check.bounded_int(k, field="k", lo=0, hi=10_000)
         if not isinstance(query, str):
             raise ConfigError(f"query must be a string, got {type(query).__name__}")
         core = self._core
@@ -455,24 +493,34 @@ class MemoryPool:
 
     def tokens(self, agent_id: str) -> list[int]:
         """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""
+        self._check_open()
         with self._core.lock:
             return self._core.agent(agent_id).ledger.live_tokens().tolist()
 
     def history_tokens(self, agent_id: str) -> list[int]:
         """Every token of `agent_id`'s history, evicted ones included."""
+        self._check_open()
         with self._core.lock:
             return self._core.agent(agent_id).ledger.tokens.tolist()
 
     def count_tokens(self, messages: Iterable[Mapping[str, Any] | Message]) -> int:
         """Prompt tokens the messages render to (chat template included)."""
-        return len(self.renderer.render(messages))
+        self._check_open()
+        return len(self.renderer.render(check.message_list(messages)))
 
     # ------------------------------------------------------------------ durability
     def checkpoint(self) -> None:
-        """Write every agent's ledger and state to the archive (hot ones stay hot)."""
+        """Write every agent's ledger and state to the archive (hot ones stay hot).
+
+        An agent that cannot be stored does not stop the others: every other
+        agent is written, then `ArchiveError` names the ones that failed.
+        """
+        self._check_open()
         if self._core.archive is None:
             raise ConfigError("checkpoint() needs archive_path")
-        self._mover.save_all(final=False)
+        failed = self._mover.save_all(final=False)
+        if failed:
+            raise ArchiveError(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
 
     # ------------------------------------------------------------------ validation
     def _params(self, max_tokens: int, temperature: float, stop: Any, extra: Mapping[str, Any]) -> SamplingParams:
@@ -482,8 +530,3 @@ class MemoryPool:
         kw = dict(extra)
         kw.setdefault("seed", self.config.seed)
         return SamplingParams.make(max_tokens=max_tokens, temperature=temperature, stop=stop, **kw)
-
-    @staticmethod
-    def _check_agent_id(agent_id: Any) -> None:
-        if not isinstance(agent_id, str) or not agent_id:
-            raise ConfigError(f"agent_id must be a non-empty string, got {agent_id!r}")

@@ -274,26 +274,63 @@ class Mover:
         core.predictor.forget(a.id)
         del core.agents[a.id]
 
-    def save_all(self, *, final: bool) -> None:
+    def save_all(self, *, final: bool) -> dict[str, str]:
         """Ledgers and states to the archive; with `final` (closing) resident agents are parked there.
 
         Parking (unlike a live snapshot) also keeps a Gemma 3 agent's sliding-window
-        checkpoint, so after a restart it can still roll back its last reply.
+        checkpoint, so after a restart it can still roll back its last reply; a
+        snapshot of an agent that stays resident keeps one too (`snapshot`).
+        Each agent is stored on its own: one that cannot be stored is logged and
+        skipped, the others are written. Returns `{agent id: reason}` of those skipped.
         """
         core = self.core
+        failed: dict[str, str] = {}
         with core.lock:
             for a in list(core.agents.values()):
                 if a.busy:
                     continue
-                if final and a.seq is not None and a.ledger.n_live:
-                    try:
-                        self.park(a, "cold")
-                        continue
-                    except AgentMemError as exc:
-                        logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
-                state = None
-                if a.seq is not None and a.ledger.n_live:
-                    state = self.capture(a, core.placement.codec_for(core.info(a), "cold"))
-                elif a.tier == "warm":
-                    state = core.tiers["warm"].get(a.id)
-                self.persist.write(a, state)
+                try:
+                    self._save_one(a, final=final)
+                except AgentMemError as exc:
+                    logger.error("could not store agent %r in the archive: %s", a.id, exc)
+                    failed[a.id] = str(exc)
+        return failed
+
+    def _save_one(self, a: AgentState, *, final: bool) -> None:
+        core = self.core
+        if final and a.seq is not None and a.ledger.n_live:
+            try:
+                self.park(a, "cold")
+                return
+            except AgentMemError as exc:
+                logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
+        state = None
+        if a.seq is not None and a.ledger.n_live:
+            state = self.snapshot(a, core.placement.codec_for(core.info(a), "cold"))
+        elif a.tier == "warm":
+            state = core.tiers["warm"].get(a.id)
+        self.persist.write(a, state)
+
+    def snapshot(self, a: AgentState, codec: str) -> ParkedState:
+        """`capture` of a resident agent that stays resident, with its sliding-window checkpoint.
+
+        Taking the checkpoint drops the reply's cells, so the sequence is reloaded
+        from the full state afterwards (its cells are then private to it).
+        """
+        core = self.core
+        assert a.seq is not None, f"{a.id=}"
+        state = self.capture(a, codec)
+        if not self.swa.active:
+            return state
+        seq = a.seq
+        full = core.ctx.state_get(seq)
+        ckpt = self.swa.capture(a)
+        if ckpt is None:
+            return state
+        if not self.residency.fit(a, lambda: core.ctx.state_set(seq, full) != 0):
+            core.ctx.seq_rm(seq)  # cannot happen (the cells were just freed); never keep a half state
+            a.ledger.truncate(0)
+            self.blocks.leave(a)
+            raise StateError(f"agent {a.id!r}: its live state could not be reloaded after the checkpoint")
+        a.shared_upto = 0
+        return dataclasses.replace(state, swa_ckpt=ckpt[0], swa_order=ckpt[1])

@@ -7,6 +7,7 @@ every archived agent as COLD so its state loads lazily on its first call.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -90,10 +91,18 @@ class Persister:
         archive = core.archive
         assert archive is not None
         for rec in archive.list_agents():
-            led = archive.get_ledger(rec.agent_id)
-            if led is None:
+            try:
+                led = archive.get_ledger(rec.agent_id)
+                ledger = _ledger_from_runs(led.tokens, led.regions) if led is not None else None
+            except (AgentMemError, ValueError, IndexError, KeyError) as exc:
+                # one unreadable ledger must not keep the pool from opening: that agent
+                # starts empty (its next call prefills), the others resume
+                logger.warning("agent %r: archived ledger unreadable (%s); it will re-prefill", rec.agent_id, exc)
+                ledger = Ledger()
+                rec = dataclasses.replace(rec, state_bytes=0)
+            if ledger is None:
                 continue
-            a = AgentState(rec.agent_id, ledger=_ledger_from_runs(led.tokens, led.regions))
+            a = AgentState(rec.agent_id, ledger=ledger)
             try:
                 a.priority = priority_weight(rec.priority)
             except AgentMemError:

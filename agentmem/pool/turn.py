@@ -127,10 +127,15 @@ class TurnRunner:
                 capacity=core.capacity,
             )
         with core.lock:
-            a = core.agents.get(agent_id)
-            if a is None:
-                a = core.agents[agent_id] = AgentState(agent_id)
-            while a.busy:  # calls of one agent run one at a time (they share one sequence)
+            while True:
+                # Look the record up again after every wait: the agent may have been
+                # forgotten meanwhile, and a call must never run on an orphaned record
+                # (it would take a sequence nothing can free).
+                a = core.agents.get(agent_id)
+                if a is None:
+                    a = core.agents[agent_id] = AgentState(agent_id)
+                if not a.busy:  # calls of one agent run one at a time (they share one sequence)
+                    break
                 core.cond.wait()
             a.busy += 1
             a.counters["calls"] += 1
