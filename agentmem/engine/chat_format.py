@@ -1,23 +1,23 @@
 """Chat messages → tokens, with a region tag on every token span.
 
-A prompt is rendered as a list of :class:`Segment` (text + region + source
+A prompt is rendered as a list of `Segment` (text + region + source
 message), then each segment is tokenized on its own (results cached), so the
 same message always yields the same tokens — which is what prefix reuse across
 turns relies on — and every token knows where it came from.
 
-Formats (strategy objects in :data:`FORMATS`):
+Formats (strategy objects in `FORMATS`):
 
-* ``gemma``  — Gemma's turn format (``<start_of_turn>user``/``model``); renders the
+* `gemma`  — Gemma's turn format (`<start_of_turn>user`/`model`); renders the
   same text as Gemma 3's own template for the conversations that template
   accepts, and also handles what it rejects (consecutive same-role turns, tool
   calls, tool results).
-* ``chatml`` — ``<|im_start|>role … <|im_end|>`` with a native ``tool`` role.
-* ``jinja``  — the GGUF's own ``tokenizer.chat_template`` through jinja2.
-* ``auto``   — Gemma-style templates → ``gemma``; another template → ``jinja``;
-  none → ``chatml``.
+* `chatml` — `<|im_start|>role … <|im_end|>` with a native `tool` role.
+* `jinja`  — the GGUF's own `tokenizer.chat_template` through jinja2.
+* `auto`   — Gemma-style templates → `gemma`; another template → `jinja`;
+  none → `chatml`.
 
-Regions: ``system``, ``user``, ``assistant``, ``tool_call``, ``tool_result``
-(``text`` for raw completions). A final ``assistant`` message is *continued*
+Regions: `system`, `user`, `assistant`, `tool_call`, `tool_result`
+(`text` for raw completions). A final `assistant` message is *continued*
 (not closed), so an application can start the model's reply.
 """
 
@@ -26,10 +26,12 @@ from __future__ import annotations
 import abc
 import json
 import logging
+import re
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from agentmem.errors import MessageError, PolicyError
 
@@ -79,19 +81,48 @@ class Message:
     pin: bool = False
 
 
+Part = tuple[str, bool]
+"""A piece of segment text and whether it is trusted markup (may produce control tokens)."""
+
+
+def _m(text: str) -> Part:
+    """The format's own markup: control-token strings in it become control tokens."""
+    return (text, True)
+
+
+def _c(text: str) -> Part:
+    """Message content, names, tool calls: tokenized as plain text, never as control tokens."""
+    return (text, False)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A piece of rendered prompt text with its region and source message."""
+    """A piece of rendered prompt with its region and source message.
 
-    text: str
+    Attributes:
+        parts: `(text, trusted)` pairs. Trusted parts are the format's own markup;
+            the others (message content, names, tool calls and results) are
+            tokenized as text, so a message containing `<end_of_turn>` or
+            `<|im_end|>` cannot forge a turn.
+        region: one of `REGIONS`.
+        message: index into the messages, -1 for template glue.
+        pinned: the source message asked to be pinned.
+    """
+
+    parts: tuple[Part, ...]
     region: str
-    message: int  # index into the messages, -1 for template glue
+    message: int
     pinned: bool = False
+
+    @property
+    def text(self) -> str:
+        """The segment's text (all parts joined)."""
+        return "".join(t for t, _ in self.parts)
 
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """Tokens ``[start, end)`` of a prompt carry ``region`` (from message ``message``)."""
+    """Tokens `[start, end)` of a prompt carry `region` (from message `message`)."""
 
     start: int
     end: int
@@ -210,14 +241,29 @@ def tool_calls_text(calls: Sequence[ToolCall]) -> str:
 
 
 # --------------------------------------------------------------------------- formats
+Controls = Callable[[str], list[str]]
+"""Finds the control-token strings (`<end_of_turn>`, `<|im_end|>`...) that occur in a text."""
+
+
 class ChatFormat(abc.ABC):
     """Strategy: render validated messages to segments."""
 
     name = "base"
 
     @abc.abstractmethod
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        """Messages → segments (text, region, source message) in prompt order."""
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        """Messages → segments (parts, region, source message) in prompt order.
+
+        Args:
+            messages: validated messages.
+            bos: text of the BOS token to render ("" when the tokenizer adds it).
+            eos: text of the EOS token.
+            controls: the model's control-token finder; a format that cannot keep
+                every message's text apart from its markup uses it to refuse
+                content that would become control tokens.
+        """
 
 
 def _continue_last(messages: Sequence[Message]) -> bool:
@@ -229,8 +275,10 @@ class GemmaFormat(ChatFormat):
 
     name = "gemma"
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        segs: list[Segment] = [Segment(bos, "system" if messages[0].role == "system" else "user", -1)] if bos else []
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        segs: list[Segment] = [Segment((_m(bos),), "system" if messages[0].role == "system" else "user", -1)] if bos else []
         cont = _continue_last(messages)
         n = len(messages)
         i = 0
@@ -238,68 +286,168 @@ class GemmaFormat(ChatFormat):
         if messages[0].role == "system":
             sysm = messages[0]
             if n > 1 and messages[1].role == "user":  # Gemma 3: system text opens the first user turn
-                segs.append(Segment(f"<start_of_turn>user\n{sysm.content}\n\n", "system", 0, sysm.pin))
+                parts = (_m("<start_of_turn>user\n"), _c(sysm.content), _m("\n\n"))
+                segs.append(Segment(parts, "system", 0, sysm.pin))
                 merged_first_user = True
             else:
-                segs.append(Segment(f"<start_of_turn>user\n{sysm.content}<end_of_turn>\n", "system", 0, sysm.pin))
+                parts = (_m("<start_of_turn>user\n"), _c(sysm.content), _m("<end_of_turn>\n"))
+                segs.append(Segment(parts, "system", 0, sysm.pin))
             i = 1
         for k in range(i, n):
             m = messages[k]
             last = k == n - 1
             if m.role == "user":
-                who = f"{m.name}: " if m.name else ""
                 head = "" if (merged_first_user and k == 1) else "<start_of_turn>user\n"
-                segs.append(Segment(f"{head}{who}{m.content.strip()}<end_of_turn>\n", "user", k, m.pin))
+                who = (_c(m.name), _m(": ")) if m.name else ()
+                parts = (_m(head), *who, _c(m.content.strip()), _m("<end_of_turn>\n"))
+                segs.append(Segment(parts, "user", k, m.pin))
             elif m.role == "system":
-                segs.append(Segment(f"<start_of_turn>user\n{m.content}<end_of_turn>\n", "system", k, m.pin))
+                parts = (_m("<start_of_turn>user\n"), _c(m.content), _m("<end_of_turn>\n"))
+                segs.append(Segment(parts, "system", k, m.pin))
             elif m.role == "tool":
-                label = m.name or m.tool_call_id
-                segs.append(
-                    Segment(f"<start_of_turn>user\nTool result ({label}):\n{m.content}<end_of_turn>\n", "tool_result", k, m.pin)
+                label = m.name or m.tool_call_id or ""
+                parts = (
+                    _m("<start_of_turn>user\nTool result ("), _c(label), _m("):\n"), _c(m.content), _m("<end_of_turn>\n")
                 )
+                segs.append(Segment(parts, "tool_result", k, m.pin))
             else:  # assistant
                 if last and cont:
-                    segs.append(Segment(f"<start_of_turn>model\n{m.content.lstrip()}", "assistant", k, m.pin))
+                    segs.append(Segment((_m("<start_of_turn>model\n"), _c(m.content.lstrip())), "assistant", k, m.pin))
                     continue
                 text = m.content.strip()
                 if m.tool_calls:
-                    segs.append(Segment(f"<start_of_turn>model\n{text + chr(10) if text else ''}", "assistant", k, m.pin))
-                    segs.append(Segment(tool_calls_text(m.tool_calls) + "<end_of_turn>\n", "tool_call", k, m.pin))
+                    body = (_c(text), _m("\n")) if text else ()
+                    segs.append(Segment((_m("<start_of_turn>model\n"), *body), "assistant", k, m.pin))
+                    parts = (_c(tool_calls_text(m.tool_calls)), _m("<end_of_turn>\n"))
+                    segs.append(Segment(parts, "tool_call", k, m.pin))
                 else:
-                    segs.append(Segment(f"<start_of_turn>model\n{text}<end_of_turn>\n", "assistant", k, m.pin))
+                    parts = (_m("<start_of_turn>model\n"), _c(text), _m("<end_of_turn>\n"))
+                    segs.append(Segment(parts, "assistant", k, m.pin))
         if not cont:
-            segs.append(Segment("<start_of_turn>model\n", "assistant", -1))
+            segs.append(Segment((_m("<start_of_turn>model\n"),), "assistant", -1))
         return segs
 
 
 class ChatMLFormat(ChatFormat):
-    """``<|im_start|>role\\n…<|im_end|>`` turns (Qwen, many fine-tunes)."""
+    """`<|im_start|>role\\n…<|im_end|>` turns (Qwen, many fine-tunes)."""
 
     name = "chatml"
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        segs: list[Segment] = [Segment(bos, messages[0].role if messages[0].role == "system" else "user", -1)] if bos else []
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        first = messages[0].role if messages[0].role == "system" else "user"
+        segs: list[Segment] = [Segment((_m(bos),), first, -1)] if bos else []
         cont = _continue_last(messages)
         n = len(messages)
         for k, m in enumerate(messages):
             if m.role == "assistant" and k == n - 1 and cont:
-                segs.append(Segment(f"<|im_start|>assistant\n{m.content}", "assistant", k, m.pin))
+                segs.append(Segment((_m("<|im_start|>assistant\n"), _c(m.content)), "assistant", k, m.pin))
                 continue
             if m.role == "assistant" and m.tool_calls:
-                text = m.content + "\n" if m.content else ""
-                segs.append(Segment(f"<|im_start|>assistant\n{text}", "assistant", k, m.pin))
-                segs.append(Segment(tool_calls_text(m.tool_calls) + "<|im_end|>\n", "tool_call", k, m.pin))
+                body = (_c(m.content), _m("\n")) if m.content else ()
+                segs.append(Segment((_m("<|im_start|>assistant\n"), *body), "assistant", k, m.pin))
+                parts = (_c(tool_calls_text(m.tool_calls)), _m("<|im_end|>\n"))
+                segs.append(Segment(parts, "tool_call", k, m.pin))
                 continue
             region = {"tool": "tool_result"}.get(m.role, m.role)
-            who = f"{m.name}: " if (m.name and m.role == "user") else ""
-            segs.append(Segment(f"<|im_start|>{m.role}\n{who}{m.content}<|im_end|>\n", region, k, m.pin))
+            who = (_c(m.name), _m(": ")) if (m.name and m.role == "user") else ()
+            parts = (_m(f"<|im_start|>{m.role}\n"), *who, _c(m.content), _m("<|im_end|>\n"))
+            segs.append(Segment(parts, region, k, m.pin))
         if not cont:
-            segs.append(Segment("<|im_start|>assistant\n", "assistant", -1))
+            segs.append(Segment((_m("<|im_start|>assistant\n"),), "assistant", -1))
         return segs
 
 
+class _Markers:
+    """Unforgeable markers around each message's content in a jinja render.
+
+    The template renders once with every content wrapped as
+    `leading space + OPEN(k) + content.strip() + CLOSE(k) + trailing space` (a
+    `trim` filter then still trims what it would have trimmed), so the render says
+    where each message's text lies. A marker holds a random nonce drawn for this
+    render and absent from every message, so no message can fake one.
+    """
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        texts = [m.content for m in messages]
+        while True:
+            nonce = secrets.token_hex(8)
+            if not any(nonce in t for t in texts):
+                break
+        self.nonce = nonce
+        self._re = re.compile("\ue000" + nonce + r":(\d+):([oc])\ue001")
+
+    def wrap(self, k: int, content: str) -> str:
+        core = content.strip()
+        if not core:
+            return f"{content}\ue000{self.nonce}:{k}:o\ue001\ue000{self.nonce}:{k}:c\ue001"
+        lead = content[: len(content) - len(content.lstrip())]
+        trail = content[len(content.rstrip()) :]
+        return f"{lead}\ue000{self.nonce}:{k}:o\ue001{core}\ue000{self.nonce}:{k}:c\ue001{trail}"
+
+    def strip(self, rendered: str) -> tuple[str, list[tuple[int, int, int]]] | None:
+        """The render without markers, and the `(start, end, message)` content spans in it.
+
+        None when the markers do not pair up (the template cut or rewrote a content).
+        """
+        out: list[str] = []
+        spans: list[tuple[int, int, int]] = []
+        pos = n = 0
+        open_k, open_at = -1, 0
+        for mk in self._re.finditer(rendered):
+            out.append(rendered[pos : mk.start()])
+            n += mk.start() - pos
+            pos = mk.end()
+            k, kind = int(mk.group(1)), mk.group(2)
+            if kind == "o":
+                if open_k != -1:
+                    return None
+                open_k, open_at = k, n
+            else:
+                if open_k != k:
+                    return None
+                spans.append((open_at, n, k))
+                open_k = -1
+        if open_k != -1:
+            return None
+        out.append(rendered[pos:])
+        return "".join(out), spans
+
+
+def _split_parts(text: str, a: int, b: int, spans: Sequence[tuple[int, int, int]], i: int) -> tuple[tuple[Part, ...], int]:
+    """Parts of `text[a:b]`: content spans (from index `i` on, sorted) untrusted, the rest markup.
+
+    Returns the parts and the index of the first span not yet passed.
+    """
+    parts: list[Part] = []
+    pos = a
+    while i < len(spans) and spans[i][0] < b:
+        s0, s1, _ = spans[i]
+        s0, s1e = max(s0, pos), min(s1, b)
+        if s0 > pos:
+            parts.append(_m(text[pos:s0]))
+        if s1e > s0:
+            parts.append(_c(text[s0:s1e]))
+        pos = max(pos, s1e)
+        if s1 > b:  # the span goes on in the next segment
+            break
+        i += 1
+    if pos < b:
+        parts.append(_m(text[pos:b]))
+    return tuple(parts), i
+
+
 class JinjaFormat(ChatFormat):
-    """The model's own jinja2 chat template; regions from cumulative renders."""
+    """The model's own jinja2 chat template; regions from cumulative renders.
+
+    Message content is located in the render with `_Markers`, so it is tokenized
+    as text while the template's markup keeps its control tokens. A template that
+    rewrites content beyond trimming whitespace (the markers do not survive, or
+    its markup changes with the content's control-token strings) cannot be split
+    that way; then a message whose text holds a control-token string is refused
+    with `MessageError` instead of being rendered into a forged turn.
+    """
 
     name = "jinja"
 
@@ -319,8 +467,8 @@ class JinjaFormat(ChatFormat):
         self._tpl = env.from_string(template)
 
     @staticmethod
-    def _as_dict(m: Message) -> dict[str, Any]:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
+    def _as_dict(m: Message, content: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": m.role, "content": content}
         if m.name:
             d["name"] = m.name
         if m.tool_calls:
@@ -331,20 +479,60 @@ class JinjaFormat(ChatFormat):
             d["tool_call_id"] = m.tool_call_id
         return d
 
-    def _render(self, msgs: Sequence[Message], gen: bool, bos: str, eos: str) -> str:
+    def _render(self, msgs: Sequence[Message], gen: bool, bos: str, eos: str, contents: Sequence[str] | None = None) -> str:
+        texts = contents if contents is not None else [m.content for m in msgs]
         return self._tpl.render(
-            messages=[self._as_dict(m) for m in msgs], add_generation_prompt=gen, bos_token=bos, eos_token=eos
+            messages=[self._as_dict(m, t) for m, t in zip(msgs, texts)], add_generation_prompt=gen, bos_token=bos, eos_token=eos
         )
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
+    def _locate(
+        self, messages: Sequence[Message], gen: bool, bos: str, eos: str, full: str, controls: Controls | None
+    ) -> list[tuple[int, int, int]] | None:
+        """Content spans of `full`, or None when the template's render cannot be split safely."""
+        marks = _Markers(messages)
+        located = marks.strip(self._render(messages, gen, bos, eos, [marks.wrap(k, m.content) for k, m in enumerate(messages)]))
+        if located is None or located[0] != full:
+            return None
+        spans = located[1]
+        if controls is not None:
+            found = [controls(m.content) for m in messages]
+            if any(found):  # the markup must not change when the control strings are taken out
+                cleaned = [_drop(m.content, f) for m, f in zip(messages, found)]
+                again = marks.strip(self._render(messages, gen, bos, eos, [marks.wrap(k, t) for k, t in enumerate(cleaned)]))
+                if again is None or _markup(*again) != _markup(full, spans):
+                    return None
+        return spans
+
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        if controls is not None:
+            _refuse_controls_outside_content(messages, controls)
         cont = _continue_last(messages)
         full = self._render(messages, not cont, bos, eos)
+        spans = self._locate(messages, not cont, bos, eos, full, controls)
+        if spans is None:
+            logger.debug("chat template rewrites message content; content kept apart by refusal only")
+            if controls is not None:
+                for k, m in enumerate(messages):
+                    found = controls(m.content)
+                    if found:
+                        raise MessageError(
+                            f"messages[{k}].content contains the control token {found[0]!r}, and this chat template "
+                            "rewrites message content, so it cannot be kept as text; remove it or use chat_format='chatml'/'gemma'"
+                        )
+            spans = []
         if cont:  # cut everything the template adds after the final assistant content
-            tail = messages[-1].content
-            j = full.rfind(tail) if tail else -1
-            full = full[: j + len(tail)] if j != -1 else full
+            last = [s for s in spans if s[2] == len(messages) - 1]
+            if last:
+                full = full[: last[-1][1]]
+            else:
+                tail = messages[-1].content
+                j = full.rfind(tail) if tail else -1
+                full = full[: j + len(tail)] if j != -1 else full
         segs: list[Segment] = []
         prev = 0
+        i = 0
         for k in range(len(messages)):
             try:
                 part = self._render(messages[: k + 1], False, bos, eos)
@@ -358,11 +546,42 @@ class JinjaFormat(ChatFormat):
             if b > prev:
                 m = messages[k]
                 region = "tool_call" if m.tool_calls else {"tool": "tool_result"}.get(m.role, m.role)
-                segs.append(Segment(full[prev:b], region, k, m.pin))
+                parts, i = _split_parts(full, prev, b, spans, i)
+                segs.append(Segment(parts, region, k, m.pin))
                 prev = b
         if prev < len(full):
-            segs.append(Segment(full[prev:], "assistant", -1))
+            parts, i = _split_parts(full, prev, len(full), spans, i)
+            segs.append(Segment(parts, "assistant", -1))
         return segs
+
+
+def _drop(text: str, found: Sequence[str]) -> str:
+    for s in set(found):
+        text = text.replace(s, "")
+    return text
+
+
+def _markup(text: str, spans: Sequence[tuple[int, int, int]]) -> list[str]:
+    """The pieces of `text` outside the content spans."""
+    out, pos = [], 0
+    for s0, s1, _ in spans:
+        out.append(text[pos:s0])
+        pos = s1
+    out.append(text[pos:])
+    return out
+
+
+def _refuse_controls_outside_content(messages: Sequence[Message], controls: Controls) -> None:
+    """Names, tool-call ids and tool calls reach a jinja template as markup: refuse control strings in them."""
+    for k, m in enumerate(messages):
+        fields: list[tuple[str, str]] = [("name", m.name or ""), ("tool_call_id", m.tool_call_id or "")]
+        for j, c in enumerate(m.tool_calls):
+            fields += [(f"tool_calls[{j}].id", c.id), (f"tool_calls[{j}].name", c.name),
+                       (f"tool_calls[{j}].arguments", c.arguments_json())]
+        for where, value in fields:
+            found = controls(value) if value else []
+            if found:
+                raise MessageError(f"messages[{k}].{where} contains the control token {found[0]!r}")
 
 
 FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFormat, "jinja": JinjaFormat}
@@ -371,9 +590,9 @@ FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFo
 def select_format(name: str, template: str | None, *, has_gemma_turns: bool = False) -> ChatFormat:
     """Pick a format by name.
 
-    ``auto``: a Gemma-style template, or no template but a vocabulary with a
-    ``<start_of_turn>`` token (the default model's GGUF ships no template) →
-    ``gemma``; another template → ``jinja``; otherwise ``chatml``.
+    `auto`: a Gemma-style template, or no template but a vocabulary with a
+    `<start_of_turn>` token (the default model's GGUF ships no template) →
+    `gemma`; another template → `jinja`; otherwise `chatml`.
     """
     if name == "auto":
         if (template and "<start_of_turn>" in template) or (not template and has_gemma_turns):
@@ -394,9 +613,10 @@ class ChatRenderer:
     """Render + tokenize messages for one model, caching segment tokenizations.
 
     Args:
-        model: a :class:`~agentmem.engine.context.LlamaModel` (anything with
-            ``tokenize``, ``bos``, ``add_bos``, ``chat_template()``).
-        chat_format: ``auto``, ``gemma``, ``chatml`` or ``jinja``.
+        model: a `agentmem.engine.context.LlamaModel` (anything with
+            `tokenize_pieces`, `control_strings`, `bos`, `add_bos`, `has_special`
+            and `chat_template()`).
+        chat_format: `auto`, `gemma`, `chatml` or `jinja`.
     """
 
     def __init__(self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192) -> None:
@@ -409,23 +629,33 @@ class ChatRenderer:
         self._cache_size = cache_size
         logger.debug("chat format: %s", self.format.name)
 
-    def _tok(self, text: str) -> tuple[int, ...]:
+    def _cached(self, key: Any, make: Callable[[], Any]) -> Any:
         with self._cache_lock:  # renders run concurrently in callers' threads
-            hit = self._cache.get(text)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return hit
-        toks = tuple(self.model.tokenize(text, add_special=False, parse_special=True))
+        value = make()
         with self._cache_lock:
-            self._cache[text] = toks
+            self._cache[key] = value
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return toks
+        return value
+
+    def _tok(self, parts: tuple[Part, ...]) -> tuple[int, ...]:
+        """Tokens of a segment: control tokens from its markup only, its content as text."""
+        return self._cached(parts, lambda: tuple(self.model.tokenize_pieces(parts)))
+
+    def _controls(self, text: str) -> list[str]:
+        """Control-token strings in a message's text (cached: histories repeat)."""
+        if not text:
+            return []
+        return self._cached(("controls", text), lambda: self.model.control_strings(text))
 
     def render(self, messages: Iterable[Mapping[str, Any] | Message]) -> RenderedPrompt:
-        """Messages → tokens with region spans (raises :class:`MessageError`)."""
+        """Messages → tokens with region spans (raises `MessageError`)."""
         msgs = normalize_messages(messages)
-        segs = self.format.render(msgs, bos="", eos="")
+        segs = self.format.render(msgs, bos="", eos="", controls=self._controls)
         tokens: list[int] = []
         spans: list[Span] = []
         if self.model.add_bos:
@@ -433,7 +663,7 @@ class ChatRenderer:
             first = segs[0] if segs else None
             spans.append(Span(0, 1, first.region if first else "system", -1, True))
         for s in segs:
-            t = self._tok(s.text)
+            t = self._tok(s.parts)
             if not t:
                 continue
             spans.append(Span(len(tokens), len(tokens) + len(t), s.region, s.message, s.pinned))
@@ -441,7 +671,13 @@ class ChatRenderer:
         return RenderedPrompt(tokens, spans)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
-        """A raw prompt (no template): BOS (if the model wants it) + the text's tokens."""
+        """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.
+
+        The text is tokenized as text, like message content: a `<end_of_turn>` in a
+        raw completion prompt stays those characters, never the control token. This
+        was already so before chat messages were made safe the same way, and there is
+        no opt-in to parse control tokens in a raw prompt.
+        """
         if not isinstance(text, str):
             raise MessageError(f"prompt must be a string, got {type(text).__name__}")
         toks = ([self.model.bos] if self.model.add_bos else []) + list(self.model.tokenize(text, add_special=False, parse_special=False))

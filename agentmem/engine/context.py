@@ -2,18 +2,18 @@
 
 Three owners of native handles live here:
 
-* :class:`LlamaModel` loads a GGUF file once (weights, vocabulary, chat template)
+* `LlamaModel` loads a GGUF file once (weights, vocabulary, chat template)
   and tokenizes / detokenizes.
-* :class:`LlamaContext` is one ``llama_context`` with several sequences in a
+* `LlamaContext` is one `llama_context` with several sequences in a
   unified KV cache: batched decode of token runs, sequence operations
-  (``seq_rm``/``seq_cp``/``seq_add``) and per-sequence state get/set. All calls that
+  (`seq_rm`/`seq_cp`/`seq_add`) and per-sequence state get/set. All calls that
   touch the context go through one re-entrant lock; a context is not thread-safe.
-* :class:`TokenBatch` is a ``llama_batch`` whose arrays are numpy buffers, so
+* `TokenBatch` is a `llama_batch` whose arrays are numpy buffers, so
   filling a batch of N tokens costs a few numpy assignments, not N Python steps.
 
-Handles free themselves deterministically on ``close()``/``__exit__`` (idempotent)
+Handles free themselves deterministically on `close()`/`__exit__` (idempotent)
 and, as a last resort, on garbage collection; a context keeps its model alive.
-Every C return code is checked at once and turned into :class:`EngineError`
+Every C return code is checked at once and turned into `EngineError`
 naming the call.
 """
 
@@ -43,7 +43,7 @@ __all__ = ["KVType", "LlamaContext", "LlamaModel", "TokenBatch", "llama_build_in
 logger = logging.getLogger(__name__)
 _llama_log = logging.getLogger("agentmem.llama_cpp")
 
-#: KV cache element types accepted by ``type_k``/``type_v`` (name -> ggml type id).
+#: KV cache element types accepted by `type_k`/`type_v` (name -> ggml type id).
 KVType = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
@@ -88,12 +88,12 @@ class LlamaModel:
     """A loaded GGUF model: weights, vocabulary, metadata.
 
     Args:
-        path: the ``.gguf`` file.
+        path: the `.gguf` file.
         n_gpu_layers: layers to offload when llama.cpp was built with CUDA/Metal
-            (``-1`` = all, ``0`` = CPU only).
+            (`-1` = all, `0` = CPU only).
         use_mmap: map the file instead of reading it.
 
-    Example::
+    Example:
 
         >>> m = LlamaModel("gemma-3-270m-it-Q4_K_M.gguf")   # doctest: +SKIP
         >>> m.tokenize("Hello", add_special=True)            # doctest: +SKIP
@@ -123,6 +123,7 @@ class LlamaModel:
         self.add_bos: bool = bool(_ll.llama_vocab_get_add_bos(self._vocab))
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
+        self._attr_cache: dict[int, int] = {}
 
     # -- lifetime -----------------------------------------------------------
     @property
@@ -157,7 +158,7 @@ class LlamaModel:
 
     # -- metadata -------------------------------------------------------------
     def meta(self, key: str) -> str | None:
-        """A GGUF metadata value as a string, or ``None`` when absent."""
+        """A GGUF metadata value as a string, or `None` when absent."""
         buf = ctypes.create_string_buffer(1 << 16)
         n = _ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         if n < 0:
@@ -195,7 +196,7 @@ class LlamaModel:
         return int(round(n_layer * per_layer)) + 12 if n_layer and per_layer else 0
 
     def has_special(self, text: str) -> bool:
-        """True when ``text`` is a single special token of this vocabulary."""
+        """True when `text` is a single special token of this vocabulary."""
         return len(self.tokenize(text, add_special=False, parse_special=True)) == 1
 
     def description(self) -> str:
@@ -204,9 +205,20 @@ class LlamaModel:
         return buf.value.decode("utf-8", "replace")
 
     # -- text <-> tokens ----------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Tokenize ``text``. ``add_special`` adds BOS when the model wants one;
-        ``parse_special`` turns ``<start_of_turn>``-style markers into their tokens."""
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Tokenize `text`.
+
+        Args:
+            text: the text.
+            add_special: add BOS when the model wants one.
+            parse_special: turn control-token strings such as `<start_of_turn>` into
+                their tokens. Off by default: text from users, tools or web pages must
+                not become turn markers; only a chat template's own markup may (see
+                `tokenize_pieces`).
+
+        Returns:
+            The token ids.
+        """
         data = text.encode("utf-8")
         # a buffer per call: prompts are rendered outside the pool lock, from many threads
         buf = (_ll.llama_token * (len(data) + 8))()
@@ -218,16 +230,89 @@ class LlamaModel:
                 raise EngineError(f"llama_tokenize failed with {n}")
         return buf[:n]
 
+    def tokenize_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """Tokenize text in which only trusted pieces may produce control tokens.
+
+        Args:
+            pieces: `(text, trusted)` pairs in prompt order. In a trusted piece (a chat
+                template's own markup) control-token strings such as `<start_of_turn>`
+                become their tokens; in an untrusted piece (message content, names, tool
+                calls) they stay plain text, so content cannot forge a turn.
+
+        Returns:
+            The token ids. The text between two control tokens is tokenized as one run
+            across piece boundaries, as `tokenize` does, so the result equals
+            `tokenize("".join(texts), parse_special=True)` whenever no untrusted piece
+            contains a control-token string.
+
+        Example:
+            >>> m.tokenize_pieces([("<start_of_turn>user\\n", True), ("<end_of_turn>", False)])  # doctest: +SKIP
+            [105, 2364, 107, 236820, 643, 236779, 1340, 236779, 887, 236813]
+        """
+        out: list[int] = []
+        run: list[str] = []
+        strip_next = False  # the last control token eats the whitespace after it (RSTRIP)
+
+        def flush(strip_end: bool) -> None:
+            text = "".join(run)
+            run.clear()
+            if strip_next:
+                text = text.lstrip()
+            if strip_end:
+                text = text.rstrip()
+            if text:
+                out.extend(self.tokenize(text, parse_special=False))
+
+        for text, trusted in pieces:
+            if not trusted:
+                run.append(text)
+                continue
+            pos = 0
+            for tok in self.tokenize(text, parse_special=True):
+                attr = self._control_attr(tok)
+                if not attr:
+                    continue
+                mark = self._piece(tok, special=True).decode("utf-8", "replace")
+                j = text.find(mark, pos)
+                if j < 0:  # llama.cpp matched it; so must we
+                    raise EngineError(f"control token {tok} ({mark!r}) not found in {text!r:.80}")
+                run.append(text[pos:j])
+                flush(bool(attr & _ll.LLAMA_TOKEN_ATTR_LSTRIP))
+                strip_next = bool(attr & _ll.LLAMA_TOKEN_ATTR_RSTRIP)
+                out.append(tok)
+                pos = j + len(mark)
+            run.append(text[pos:])
+        flush(False)
+        return out
+
+    def _control_attr(self, token: int) -> int:
+        """The token's attribute bits when it is a control (or unknown) token, else 0."""
+        attr = self._attr_cache.get(token)
+        if attr is None:
+            attr = int(_ll.llama_vocab_get_attr(self.vocab, token))
+            if not attr & (_ll.LLAMA_TOKEN_ATTR_CONTROL | _ll.LLAMA_TOKEN_ATTR_UNKNOWN):
+                attr = 0
+            self._attr_cache[token] = attr
+        return attr
+
+    def control_strings(self, text: str) -> list[str]:
+        """The control-token strings (`<end_of_turn>`, `<|im_end|>`...) that occur in `text`."""
+        toks = self.tokenize(text, parse_special=True)
+        return [self._piece(t, special=True).decode("utf-8", "replace") for t in toks if self._control_attr(t)]
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)  # per call: called from many threads
+        n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token renders to (special tokens render as nothing)."""
         piece = self._piece_cache.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)  # per call: called from many threads
-            n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[:n]
+            piece = self._piece(token, special=False)
             self._piece_cache[token] = piece  # a dict store is atomic; a race only repeats work
         return piece
 
@@ -236,7 +321,7 @@ class LlamaModel:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, ``<end_of_turn>``, ``<|im_end|>``...)."""
+        """True for end-of-generation tokens (EOS, `<end_of_turn>`, `<|im_end|>`...)."""
         v = self._eog_cache.get(token)
         if v is None:
             v = self._eog_cache[token] = bool(_ll.llama_vocab_is_eog(self.vocab, token))
@@ -244,9 +329,9 @@ class LlamaModel:
 
 
 class TokenBatch:
-    """A ``llama_batch`` backed by numpy arrays (one sequence id per token).
+    """A `llama_batch` backed by numpy arrays (one sequence id per token).
 
-    Filling it is vectorized: ``fill(tokens, pos0, seq)`` writes the token ids,
+    Filling it is vectorized: `fill(tokens, pos0, seq)` writes the token ids,
     positions and sequence ids with numpy, no per-token Python loop.
     """
 
@@ -275,7 +360,7 @@ class TokenBatch:
         self.n = 0
 
     def add_run(self, tokens: Sequence[int] | np.ndarray, pos0: int, seq: int, *, logits_last: bool) -> int:
-        """Append a run of tokens of one sequence at positions ``pos0...``.
+        """Append a run of tokens of one sequence at positions `pos0...`.
 
         Returns the batch index of the run's last token (where its logits land).
         """
@@ -299,7 +384,7 @@ class TokenBatch:
 
 @dataclass(frozen=True, slots=True)
 class ContextParams:
-    """Low-level settings of one :class:`LlamaContext` (see ``PoolConfig`` for docs)."""
+    """Low-level settings of one `LlamaContext` (see `PoolConfig` for docs)."""
 
     n_ctx: int = 8192
     n_seq_max: int = 4
@@ -314,12 +399,12 @@ class ContextParams:
 
 
 class LlamaContext:
-    """One ``llama_context`` with ``n_seq_max`` sequences in a unified KV cache.
+    """One `llama_context` with `n_seq_max` sequences in a unified KV cache.
 
     All methods take the context's lock; callers that chain several calls
-    (restore, then decode) may hold ``ctx.lock`` themselves (it is re-entrant).
+    (restore, then decode) may hold `ctx.lock` themselves (it is re-entrant).
 
-    Example::
+    Example:
 
         >>> ctx = LlamaContext(model, ContextParams(n_ctx=2048, n_seq_max=2))  # doctest: +SKIP
         >>> idx = ctx.decode_run(seq=0, tokens=model.tokenize("Hi", add_special=True), pos0=0)  # doctest: +SKIP
@@ -400,11 +485,11 @@ class LlamaContext:
             raise EngineError(f"sequence id {seq} out of range [0, {self.params.n_seq_max})")
 
     def decode_run(self, seq: int, tokens: Sequence[int] | np.ndarray, pos0: int) -> int:
-        """Decode ``tokens`` into ``seq`` at positions ``pos0...`` (chunked by ``n_batch``).
+        """Decode `tokens` into `seq` at positions `pos0...` (chunked by `n_batch`).
 
         Logits are computed for the last token only. Returns the batch index to
-        pass to :meth:`logits` / the sampler (valid until the next decode).
-        Raises :class:`EngineError` (``code`` attribute 1 = no KV slot).
+        pass to `logits` / the sampler (valid until the next decode).
+        Raises `EngineError` (`code` attribute 1 = no KV slot).
         """
         self._check_seq(seq)
         n = len(tokens)
@@ -422,10 +507,10 @@ class LlamaContext:
         return last
 
     def decode_multi(self, runs: Sequence[tuple[int, Sequence[int], int]]) -> list[int]:
-        """Decode several sequences' runs in one batch: ``[(seq, tokens, pos0), ...]``.
+        """Decode several sequences' runs in one batch: `[(seq, tokens, pos0), ...]`.
 
         Each run gets logits for its last token; returns their batch indices.
-        The total must fit in ``n_batch``.
+        The total must fit in `n_batch`.
         """
         with self.lock:
             b = self._batch
@@ -448,7 +533,7 @@ class LlamaContext:
             raise err
 
     def logits(self, idx: int) -> np.ndarray:
-        """A copy of the logits row at batch index ``idx`` (float32, n_vocab)."""
+        """A copy of the logits row at batch index `idx` (float32, n_vocab)."""
         with self.lock:
             p = _ll.llama_get_logits_ith(self.ptr, idx)
             if not p:
@@ -457,21 +542,21 @@ class LlamaContext:
 
     # -- sequence operations -----------------------------------------------------
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        """Remove cells of ``seq`` with positions in ``[p0, p1)`` (-1 = open end)."""
+        """Remove cells of `seq` with positions in `[p0, p1)` (-1 = open end)."""
         self._check_seq(seq)
         with self.lock:
             if not _ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
                 raise EngineError(f"llama_memory_seq_rm(seq={seq}, {p0}, {p1}) failed (partial removal unsupported?)")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Share ``src``'s cells in ``[p0, p1)`` with ``dst`` (tags cells in a unified cache)."""
+        """Share `src`'s cells in `[p0, p1)` with `dst` (tags cells in a unified cache)."""
         self._check_seq(src)
         self._check_seq(dst)
         with self.lock:
             _ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        """Shift positions of ``seq`` in ``[p0, p1)`` by ``delta`` (needs ``can_shift``)."""
+        """Shift positions of `seq` in `[p0, p1)` by `delta` (needs `can_shift`)."""
         self._check_seq(seq)
         if not self.can_shift:
             raise EngineError("this KV cache cannot shift positions (swa_full=False?)")
@@ -495,7 +580,7 @@ class LlamaContext:
 
     # -- state ------------------------------------------------------------------
     def state_size(self, seq: int) -> int:
-        """Bytes of ``seq``'s state blob."""
+        """Bytes of `seq`'s state blob."""
         self._check_seq(seq)
         with self.lock:
             return _ll.llama_state_seq_get_size(self.ptr, seq)
@@ -503,7 +588,7 @@ class LlamaContext:
     def cells_size(self) -> int:
         """Bytes of *all* used KV cells, each counted once (shared cells too).
 
-        This is the sequence-state size of ``seq_id = -1`` (every sequence), so
+        This is the sequence-state size of `seq_id = -1` (every sequence), so
         comparing it with the sum of per-sequence sizes measures what prefix
         sharing saves.
         """
@@ -511,7 +596,7 @@ class LlamaContext:
             return _ll.llama_state_seq_get_size(self.ptr, -1)
 
     def state_get(self, seq: int) -> np.ndarray:
-        """Copy ``seq``'s KV state out as a uint8 array (one copy, no Python bytes)."""
+        """Copy `seq`'s KV state out as a uint8 array (one copy, no Python bytes)."""
         self._check_seq(seq)
         with self.lock:
             size = _ll.llama_state_seq_get_size(self.ptr, seq)
@@ -524,7 +609,7 @@ class LlamaContext:
             return buf
 
     def swa_state_get(self, seq: int) -> np.ndarray:
-        """Copy out only the sliding-window layers of ``seq`` (``PARTIAL_ONLY`` state).
+        """Copy out only the sliding-window layers of `seq` (`PARTIAL_ONLY` state).
 
         A state blob keeps those layers only for the last window before the
         sequence's end; capturing them at an earlier end (a *checkpoint*) lets a
@@ -540,7 +625,7 @@ class LlamaContext:
             return buf
 
     def swa_state_set(self, seq: int, blob: np.ndarray) -> int:
-        """Replace only the sliding-window layers of ``seq`` from :meth:`swa_state_get` (0 = rejected)."""
+        """Replace only the sliding-window layers of `seq` from `swa_state_get` (0 = rejected)."""
         self._check_seq(seq)
         with self.lock:
             return _ll.llama_state_seq_set_data_ext(
@@ -548,10 +633,10 @@ class LlamaContext:
             )
 
     def state_set(self, seq: int, blob: np.ndarray | bytes | bytearray | memoryview) -> int:
-        """Load a state blob into ``seq`` (its old cells are dropped first).
+        """Load a state blob into `seq` (its old cells are dropped first).
 
-        Returns the number of bytes read; ``0`` means llama.cpp rejected the blob
-        (wrong layout or not enough free cells) and ``seq`` is now empty.
+        Returns the number of bytes read; `0` means llama.cpp rejected the blob
+        (wrong layout or not enough free cells) and `seq` is now empty.
         """
         self._check_seq(seq)
         arr = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
