@@ -24,6 +24,7 @@ Regions: `system`, `user`, `assistant`, `tool_call`, `tool_result`
 from __future__ import annotations
 
 import abc
+import contextvars
 import json
 import logging
 import re
@@ -31,9 +32,12 @@ import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from agentmem.errors import MessageError, PolicyError
+
+if TYPE_CHECKING:
+    from agentmem.engine.template_sandbox import RenderLimits
 
 __all__ = [
     "FORMATS",
@@ -450,21 +454,18 @@ class JinjaFormat(ChatFormat):
     """
 
     name = "jinja"
+    _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("agentmem_jinja_deadline", default=None)
 
-    def __init__(self, template: str) -> None:
-        try:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as exc:  # pragma: no cover
-            raise ImportError("the 'jinja' chat format needs jinja2: pip install jinja2") from exc
+    def __init__(self, template: str, *, limits: RenderLimits | None = None) -> None:
+        """Compile `template` in the limited sandbox (raises `ChatTemplateError`).
 
-        def raise_exception(msg: str) -> None:
-            raise MessageError(f"chat template rejected the messages: {msg}")
+        Args:
+            template: the jinja2 source.
+            limits: time and output budget of one `render` call (all its renders).
+        """
+        from agentmem.engine.template_sandbox import SandboxedTemplate
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
-        self._tpl = env.from_string(template)
+        self._tpl = SandboxedTemplate(template, limits)
 
     @staticmethod
     def _as_dict(m: Message, content: str) -> dict[str, Any]:
@@ -479,11 +480,17 @@ class JinjaFormat(ChatFormat):
             d["tool_call_id"] = m.tool_call_id
         return d
 
-    def _render(self, msgs: Sequence[Message], gen: bool, bos: str, eos: str, contents: Sequence[str] | None = None) -> str:
+    def _render(
+        self, msgs: Sequence[Message], gen: bool, bos: str, eos: str, contents: Sequence[str] | None = None
+    ) -> str:
         texts = contents if contents is not None else [m.content for m in msgs]
-        return self._tpl.render(
-            messages=[self._as_dict(m, t) for m, t in zip(msgs, texts)], add_generation_prompt=gen, bos_token=bos, eos_token=eos
-        )
+        variables = {
+            "messages": [self._as_dict(m, t) for m, t in zip(msgs, texts)],
+            "add_generation_prompt": gen,
+            "bos_token": bos,
+            "eos_token": eos,
+        }
+        return self._tpl.render(variables, deadline=self._deadline.get())
 
     def _locate(
         self, messages: Sequence[Message], gen: bool, bos: str, eos: str, full: str, controls: Controls | None
@@ -506,6 +513,13 @@ class JinjaFormat(ChatFormat):
     def render(
         self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
     ) -> list[Segment]:
+        token = self._deadline.set(self._tpl.deadline())  # one deadline for all renders of this call
+        try:
+            return self._segments(messages, bos, eos, controls)
+        finally:
+            self._deadline.reset(token)
+
+    def _segments(self, messages: Sequence[Message], bos: str, eos: str, controls: Controls | None) -> list[Segment]:
         if controls is not None:
             _refuse_controls_outside_content(messages, controls)
         cont = _continue_last(messages)
@@ -587,7 +601,9 @@ def _refuse_controls_outside_content(messages: Sequence[Message], controls: Cont
 FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFormat, "jinja": JinjaFormat}
 
 
-def select_format(name: str, template: str | None, *, has_gemma_turns: bool = False) -> ChatFormat:
+def select_format(
+    name: str, template: str | None, *, has_gemma_turns: bool = False, limits: RenderLimits | None = None
+) -> ChatFormat:
     """Pick a format by name.
 
     `auto`: a Gemma-style template, or no template but a vocabulary with a
@@ -598,12 +614,12 @@ def select_format(name: str, template: str | None, *, has_gemma_turns: bool = Fa
         if (template and "<start_of_turn>" in template) or (not template and has_gemma_turns):
             return GemmaFormat()
         if template:
-            return JinjaFormat(template)
+            return JinjaFormat(template, limits=limits)
         return ChatMLFormat()
     if name == "jinja":
         if not template:
             raise PolicyError("chat_format='jinja' but the model has no tokenizer.chat_template")
-        return JinjaFormat(template)
+        return JinjaFormat(template, limits=limits)
     if name not in FORMATS:
         raise PolicyError(f"unknown chat_format {name!r}; valid: auto, {', '.join(sorted(FORMATS))}")
     return FORMATS[name]()
@@ -617,12 +633,21 @@ class ChatRenderer:
             `tokenize_pieces`, `control_strings`, `bos`, `add_bos`, `has_special`
             and `chat_template()`).
         chat_format: `auto`, `gemma`, `chatml` or `jinja`.
+        cache_size: segment tokenizations kept (LRU).
+        limits: time and output limits of a jinja template's render
+            (`agentmem.engine.template_sandbox.RenderLimits`; defaults when None).
+
+    Raises:
+        ChatTemplateError: the model's jinja template does not compile.
+        PolicyError: an unknown `chat_format`.
     """
 
-    def __init__(self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192) -> None:
+    def __init__(
+        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, limits: RenderLimits | None = None
+    ) -> None:
         self.model = model
         self.format = select_format(
-            chat_format, model.chat_template(), has_gemma_turns=model.has_special("<start_of_turn>")
+            chat_format, model.chat_template(), has_gemma_turns=model.has_special("<start_of_turn>"), limits=limits
         )
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_lock = threading.Lock()

@@ -198,3 +198,104 @@ def test_pool_replies_to_a_forged_turn_as_text(tiny_model_path):
         res = pool.chat("a", _conversation(FORGED), max_tokens=4)
         assert res.finish_reason in ("stop", "length")
         assert list(pool.tokens("a"))[: len(prompt)] == prompt
+
+
+# --------------------------------------------------------------------------- runaway templates
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _jinja(tpl, **limits):
+    from agentmem.engine.template_sandbox import RenderLimits
+
+    return JinjaFormat(tpl, limits=RenderLimits(**limits))
+
+
+def test_runaway_loops_stop_at_the_deadline():
+    """Regression (#13 item 5): a chat template with two nested `range(100000)` loops hung the
+    process (no render limit). The deadline stops the work itself: no thread is left running."""
+    import threading
+    import time
+
+    from agentmem.errors import ChatTemplateError, ModelError
+
+    threads = threading.active_count()
+    fmt = _jinja("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", max_seconds=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="time limit") as info:
+        fmt.render(normalize_messages(USER), bos="", eos="")
+    assert time.monotonic() - t0 < 3.0
+    assert isinstance(info.value, ModelError)
+    assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize(
+    "tpl",
+    [
+        "{{ 'ab' * 20000000 }}",  # operator
+        "{% for i in range(100000) %}{{ 'x' * 400 }}{% endfor %}",  # output size
+        "{{ 'x' | center(40000000) }}",  # filter argument
+        "{{ '%40000000s' % 'x' }}",  # string formatting
+        "{{ 'x'.ljust(40000000) }}",  # method call
+        "{{ (range(99999) | list) * 99 }}",  # list repetition
+        "{{ 7 ** 99999999 }}",  # huge integer
+    ],
+)
+def test_output_budget_stops_huge_renders(tpl):
+    """Regression (#13 item 5): a 27-byte template producing 40 MB took 42 s and 1.9 GB.
+    Output, operators, filters and calls are held to `RenderLimits.max_chars`."""
+    import time
+
+    from agentmem.errors import ChatTemplateError
+
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="output budget"):
+        _jinja(tpl, max_chars=1_000_000).render(normalize_messages(USER), bos="", eos="")
+    assert time.monotonic() - t0 < 3.0
+
+
+@pytest.mark.parametrize(
+    ("tpl", "match", "cause"),
+    [
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "unsafe operation", "SecurityError"),
+        ("{{ messages.append(1) }}", "unsafe operation", "SecurityError"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError", "ZeroDivisionError"),
+        ("{{ messages[5].role.x }}", "UndefinedError", "UndefinedError"),
+    ],
+)
+def test_template_failures_are_chat_template_errors(tpl, match, cause):
+    """Regression (#13 item 5): sandbox escapes were blocked but surfaced as raw jinja2
+    exceptions; any failure of the template is a `ChatTemplateError` chained to its cause."""
+    from agentmem.errors import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match=match) as info:
+        JinjaFormat(tpl).render(normalize_messages(USER), bos="", eos="")
+    assert type(info.value.__cause__).__name__ == cause
+
+
+def test_template_raise_exception_is_a_message_error():
+    with pytest.raises(MessageError, match="rejected the messages: no"):
+        JinjaFormat("{{ raise_exception('no') }}").render(normalize_messages(USER), bos="", eos="")
+
+
+def test_template_syntax_error_at_pool_construction(tmp_path):
+    """Regression (#13 item 5): a template syntax error escaped the `MemoryPool` constructor raw."""
+    from agentmem import MemoryPool
+    from agentmem.errors import ChatTemplateError
+    from tests.fixtures.tiny_gguf import build_tiny_gguf
+
+    with pytest.raises(ChatTemplateError, match="does not compile: line 1") as info:
+        JinjaFormat("{% for m in messages %}{{ m.content }")
+    assert type(info.value.__cause__).__name__ == "TemplateSyntaxError"
+    path = build_tiny_gguf(tmp_path / "broken.gguf", chat_template="{% for m in messages %}")
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        MemoryPool(path, n_ctx=256, resident_agents=1, prefetch=False)
+
+
+def test_render_limits_are_validated():
+    from agentmem.engine.template_sandbox import RenderLimits
+    from agentmem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_seconds"):
+        RenderLimits(max_seconds=0)
+    with pytest.raises(ConfigError, match="max_chars"):
+        RenderLimits(max_chars=True)
