@@ -30,11 +30,12 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from agentmem.errors import MessageError, PolicyError
+from agentmem.errors import ChatTemplateError, MessageError, PolicyError
 
 if TYPE_CHECKING:
     from agentmem.engine.template_sandbox import RenderLimits
@@ -493,11 +494,22 @@ class JinjaFormat(ChatFormat):
         return self._tpl.render(variables, deadline=self._deadline.get())
 
     def _locate(
-        self, messages: Sequence[Message], gen: bool, bos: str, eos: str, full: str, controls: Controls | None
+        self,
+        messages: Sequence[Message],
+        gen: bool,
+        bos: str,
+        eos: str,
+        full: str,
+        controls: Controls | None,
+        marks: _Markers,
     ) -> list[tuple[int, int, int]] | None:
         """Content spans of `full`, or None when the template's render cannot be split safely."""
-        marks = _Markers(messages)
-        located = marks.strip(self._render(messages, gen, bos, eos, [marks.wrap(k, m.content) for k, m in enumerate(messages)]))
+        wrapped = [marks.wrap(k, m.content) for k, m in enumerate(messages)]
+        located = marks.strip(self._render(messages, gen, bos, eos, wrapped))
+        if (located is None or located[0] != full) and any(not m.content for m in messages):
+            # a template testing `if message.content` sees markers as content: leave empty ones bare
+            wrapped = [w if m.content else "" for w, m in zip(wrapped, messages)]
+            located = marks.strip(self._render(messages, gen, bos, eos, wrapped))
         if located is None or located[0] != full:
             return None
         spans = located[1]
@@ -524,7 +536,8 @@ class JinjaFormat(ChatFormat):
             _refuse_controls_outside_content(messages, controls)
         cont = _continue_last(messages)
         full = self._render(messages, not cont, bos, eos)
-        spans = self._locate(messages, not cont, bos, eos, full, controls)
+        marks = _Markers(messages)
+        spans = self._locate(messages, not cont, bos, eos, full, controls, marks)
         if spans is None:
             logger.debug("chat template rewrites message content; content kept apart by refusal only")
             if controls is not None:
@@ -547,16 +560,8 @@ class JinjaFormat(ChatFormat):
         segs: list[Segment] = []
         prev = 0
         i = 0
-        for k in range(len(messages)):
-            try:
-                part = self._render(messages[: k + 1], False, bos, eos)
-            except MessageError:
-                part = ""  # e.g. a template that insists on alternation for prefixes
-            # boundary = common prefix of the partial and the full render
-            lim = min(len(part), len(full))
-            b = 0
-            while b < lim and part[b] == full[b]:
-                b += 1
+        for k, b in enumerate(self._ends(messages, bos, eos, full, spans, marks)):
+            b = min(b, len(full))
             if b > prev:
                 m = messages[k]
                 region = "tool_call" if m.tool_calls else {"tool": "tool_result"}.get(m.role, m.role)
@@ -567,6 +572,75 @@ class JinjaFormat(ChatFormat):
             parts, i = _split_parts(full, prev, len(full), spans, i)
             segs.append(Segment(parts, "assistant", -1))
         return segs
+
+
+    # ---- regions: where each message's part of the render ends
+    def _ends(
+        self,
+        messages: Sequence[Message],
+        bos: str,
+        eos: str,
+        full: str,
+        spans: Sequence[tuple[int, int, int]],
+        marks: _Markers,
+    ) -> list[int]:
+        """End of each message's region in `full`, in linear time.
+
+        A message's region ends where the render of the conversation up to it (no
+        generation prompt) stops agreeing with `full`. For a message whose content
+        was located, that is its content's end plus the part of its *tail* (what the
+        template writes after the content when the message is the last one) that
+        `full` repeats there; the tail comes from rendering the message alone (or
+        after the one before it, for templates that insist on alternation), so each
+        message costs one small render instead of a render of the whole prefix. A
+        message without located content (a template that drops it, or rewrites
+        content) falls back to rendering the prefix.
+        """
+        close = {k: s1 for _, s1, k in spans}
+        ends = []
+        for k in range(len(messages)):
+            tail = self._tail(messages, k, bos, eos, marks) if k in close else None
+            if tail is not None:
+                c = close[k]
+                ends.append(c + _common_prefix(tail, full[c : c + len(tail)]))
+                continue
+            try:
+                part = self._render(messages[: k + 1], False, bos, eos)
+            except MessageError:
+                part = ""  # e.g. a template that insists on alternation for prefixes
+            ends.append(_common_prefix(part, full))
+        return ends
+
+    def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: _Markers) -> str | None:
+        """What the template writes after message `k`'s content when it ends the conversation."""
+        for probe in ((k,), (k - 1, k)) if k else ((k,),):
+            msgs = [messages[j] for j in probe]
+            try:
+                out = self._render(msgs, False, bos, eos, [marks.wrap(j, m.content) for j, m in zip(probe, msgs)])
+            except (MessageError, ChatTemplateError):
+                if time.monotonic() > (self._deadline.get() or float("inf")):
+                    raise
+                continue
+            located = marks.strip(out)
+            ends = [s1 for _, s1, j in located[1] if j == k] if located else []
+            if ends:
+                return located[0][ends[-1] :]
+        return None
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of `a` and `b` (string compares in C, no per-character loop)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _drop(text: str, found: Sequence[str]) -> str:

@@ -124,6 +124,7 @@ class LlamaModel:
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self._attr_cache: dict[int, int] = {}
+        self._markup_cache: dict[str, tuple[tuple[int, int, int, int], ...]] = {}
 
     # -- lifetime -----------------------------------------------------------
     @property
@@ -268,22 +269,37 @@ class LlamaModel:
                 run.append(text)
                 continue
             pos = 0
-            for tok in self.tokenize(text, parse_special=True):
-                attr = self._control_attr(tok)
-                if not attr:
-                    continue
-                mark = self._piece(tok, special=True).decode("utf-8", "replace")
-                j = text.find(mark, pos)
-                if j < 0:  # llama.cpp matched it; so must we
-                    raise EngineError(f"control token {tok} ({mark!r}) not found in {text!r:.80}")
+            for j, end, tok, attr in self._markup_controls(text):
                 run.append(text[pos:j])
                 flush(bool(attr & _ll.LLAMA_TOKEN_ATTR_LSTRIP))
                 strip_next = bool(attr & _ll.LLAMA_TOKEN_ATTR_RSTRIP)
                 out.append(tok)
-                pos = j + len(mark)
+                pos = end
             run.append(text[pos:])
         flush(False)
         return out
+
+    def _markup_controls(self, text: str) -> tuple[tuple[int, int, int, int], ...]:
+        """`(start, end, token, attr)` of each control token in a trusted text (cached: markup repeats)."""
+        hit = self._markup_cache.get(text)
+        if hit is not None:
+            return hit
+        found = []
+        pos = 0
+        for tok in self.tokenize(text, parse_special=True):
+            attr = self._control_attr(tok)
+            if not attr:
+                continue
+            mark = self._piece(tok, special=True).decode("utf-8", "replace")
+            j = text.find(mark, pos)
+            if j < 0:  # llama.cpp matched it; so must we
+                raise EngineError(f"control token {tok} ({mark!r}) not found in {text!r:.80}")
+            found.append((j, j + len(mark), tok, attr))
+            pos = j + len(mark)
+        if len(self._markup_cache) > 4096:  # bounded; a dict store is atomic across threads
+            self._markup_cache.clear()
+        self._markup_cache[text] = result = tuple(found)
+        return result
 
     def _control_attr(self, token: int) -> int:
         """The token's attribute bits when it is a control (or unknown) token, else 0."""
