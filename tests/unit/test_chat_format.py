@@ -7,11 +7,11 @@ import pytest
 from agentmem.engine.chat_format import (
     ChatMLFormat,
     GemmaFormat,
-    JinjaFormat,
     normalize_messages,
     select_format,
     tool_calls_text,
 )
+from agentmem.engine.jinja_format import JinjaFormat
 from agentmem.errors import MessageError, PolicyError
 
 
