@@ -1,1 +1,12 @@
-"""The engine: the only code that touches llama.cpp (model, context, sampling, chat format)."""
+"""The engine: the only code that touches llama.cpp (model, context, sampling, chat format).
+
+* `context` owns the native handles: `LlamaModel` (weights, vocabulary, tokenization that
+  keeps message text apart from control tokens), `LlamaContext` and `TokenBatch`.
+* `sampling` turns logits into tokens (greedy, temperature, top-k/p, grammar, stop strings).
+* `chat_format` validates chat messages and renders them, through the built-in `gemma` and
+  `chatml` formats, into tokens with a region on every span (`ChatRenderer`).
+* `jinja_format` renders a GGUF's own jinja chat template as a chat format, with each
+  message's content located so it is tokenized as text, in linear time.
+* `template_sandbox` compiles and renders such a template in jinja2's sandbox with a time
+  limit and an output budget (`RenderLimits`), failing as `ChatTemplateError`.
+"""
