@@ -1,12 +1,15 @@
 """The exception tree of agentmem.
 
-Every error agentmem raises on purpose derives from :class:`AgentMemError`, so an
-application can catch the whole family with one ``except``::
+Every error agentmem raises on purpose derives from `AgentMemError`, so an
+application can catch the whole family with one `except`:
 
+```text
     AgentMemError
     ├── ConfigError              a configuration value is invalid (names the field)
     ├── ModelError               the model cannot be found, loaded or used
-    │   └── ModelNotFoundError   no model at the path / default model not installed
+    │   ├── ModelNotFoundError   no model at the path / default model not installed
+    │   └── ChatTemplateError    the model's chat template does not compile, breaks the
+    │                            sandbox or a render limit, or fails
     ├── MessageError             a chat message is malformed (names the field)
     ├── ContextOverflowError     a prompt does not fit the agent's context
     ├── EngineError              a llama.cpp call failed (names the call and code)
@@ -16,13 +19,14 @@ application can catch the whole family with one ``except``::
     ├── ArchiveError             the SQLite archive is unusable (names the file)
     ├── UnknownAgentError        an operation names an agent the pool does not know
     └── PolicyError              an unknown policy / codec name (lists the valid ones)
+```
 
-Errors a caller may treat as a *cache miss* (the pool itself does): ``StateError``
+Errors a caller may treat as a *cache miss* (the pool itself does): `StateError`
 and its children. The pool falls back to re-prefilling from the ledger when one
-of them occurs during a restore, logs a warning and counts it in ``stats()``.
+of them occurs during a restore, logs a warning and counts it in `stats()`.
 
-``ValueError``/``TypeError`` compatibility: ``ConfigError``, ``MessageError`` and
-``PolicyError`` also derive from ``ValueError`` so code written against plain
+`ValueError`/`TypeError` compatibility: `ConfigError`, `MessageError` and
+`PolicyError` also derive from `ValueError` so code written against plain
 Python conventions keeps working.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 __all__ = [
     "AgentMemError",
     "ArchiveError",
+    "ChatTemplateError",
     "CodecError",
     "ConfigError",
     "ContextOverflowError",
@@ -59,6 +64,13 @@ class ModelError(AgentMemError):
 
 class ModelNotFoundError(ModelError, FileNotFoundError):
     """No model file was found; the message says how to install or point to one."""
+
+
+class ChatTemplateError(ModelError):
+    """The model's chat template cannot be used: it does not compile, it tried an unsafe
+    operation, it exceeded a render limit (time, output size) or it failed; the cause is
+    chained. A template that refuses the messages through `raise_exception` raises
+    `MessageError` instead."""
 
 
 class MessageError(AgentMemError, ValueError):

@@ -1,10 +1,15 @@
-"""The engine: the only code that touches llama.cpp.
+"""The engine: the only code that touches llama.cpp (model, context, sampling, chat format).
 
-* `context.py` owns the native handles: the loaded model, one context with several
-  sequences, token batches, per-sequence state get/set.
-* `threads.py` picks the llama.cpp thread count when `n_threads` is 0.
-* `llama_log.py` routes llama.cpp's log through `logging` (`agentmem.llama`), expected
+* `context` owns the native handles: `LlamaModel` (weights, vocabulary, tokenization that
+  keeps message text apart from control tokens), `LlamaContext` and `TokenBatch`.
+* `threads` picks the llama.cpp thread count when `n_threads` is 0.
+* `llama_log` routes llama.cpp's log through `logging` (`agentmem.llama`), expected
   restore failures at DEBUG.
-* `sampling.py` turns logits into tokens and tokens into text.
-* `chat_format.py` renders messages into tokens with regions for the ledger.
+* `sampling` turns logits into tokens (greedy, temperature, top-k/p, grammar, stop strings).
+* `chat_format` validates chat messages and renders them, through the built-in `gemma` and
+  `chatml` formats, into tokens with a region on every span (`ChatRenderer`).
+* `jinja_format` renders a GGUF's own jinja chat template as a chat format, with each
+  message's content located so it is tokenized as text, in linear time.
+* `template_sandbox` compiles and renders such a template in jinja2's sandbox with a time
+  limit and an output budget (`RenderLimits`), failing as `ChatTemplateError`.
 """

@@ -1,24 +1,30 @@
 """Chat messages → tokens, with a region tag on every token span.
 
-A prompt is rendered as a list of :class:`Segment` (text + region + source
+A prompt is rendered as a list of `Segment` (parts + region + source
 message), then each segment is tokenized on its own (results cached), so the
 same message always yields the same tokens — which is what prefix reuse across
 turns relies on — and every token knows where it came from.
 
-Formats (strategy objects in :data:`FORMATS`):
+Formats (strategy objects in `FORMATS`):
 
-* ``gemma``  — Gemma's turn format (``<start_of_turn>user``/``model``); renders the
+* `gemma`  — Gemma's turn format (`<start_of_turn>user`/`model`); renders the
   same text as Gemma 3's own template for the conversations that template
   accepts, and also handles what it rejects (consecutive same-role turns, tool
   calls, tool results).
-* ``chatml`` — ``<|im_start|>role … <|im_end|>`` with a native ``tool`` role.
-* ``jinja``  — the GGUF's own ``tokenizer.chat_template`` through jinja2.
-* ``auto``   — Gemma-style templates → ``gemma``; another template → ``jinja``;
-  none → ``chatml``.
+* `chatml` — `<|im_start|>role … <|im_end|>` with a native `tool` role.
+* `jinja`  — the GGUF's own `tokenizer.chat_template` through jinja2
+  (`agentmem.engine.jinja_format`, in a limited sandbox).
+* `auto`   — Gemma-style templates → `gemma`; another template → `jinja`;
+  none → `chatml`.
 
-Regions: ``system``, ``user``, ``assistant``, ``tool_call``, ``tool_result``
-(``text`` for raw completions). A final ``assistant`` message is *continued*
+Regions: `system`, `user`, `assistant`, `tool_call`, `tool_result`
+(`text` for raw completions). A final `assistant` message is *continued*
 (not closed), so an application can start the model's reply.
+
+Message text is never turned into control tokens: a segment's parts say which text
+is the format's markup (tokenized with control tokens parsed) and which is content
+(tokenized as text), so `<end_of_turn>` or `<|im_end|>` inside a message, a tool
+result or a web page cannot forge a turn.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from agentmem.errors import MessageError, PolicyError
+
+if TYPE_CHECKING:
+    from agentmem.engine.template_sandbox import RenderLimits
 
 __all__ = [
     "FORMATS",
@@ -79,19 +88,48 @@ class Message:
     pin: bool = False
 
 
+Part = tuple[str, bool]
+"""A piece of segment text and whether it is trusted markup (may produce control tokens)."""
+
+
+def markup_part(text: str) -> Part:
+    """The format's own markup: control-token strings in it become control tokens."""
+    return (text, True)
+
+
+def content_part(text: str) -> Part:
+    """Message content, names, tool calls: tokenized as plain text, never as control tokens."""
+    return (text, False)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A piece of rendered prompt text with its region and source message."""
+    """A piece of rendered prompt with its region and source message.
 
-    text: str
+    Attributes:
+        parts: `(text, trusted)` pairs. Trusted parts are the format's own markup;
+            the others (message content, names, tool calls and results) are
+            tokenized as text, so a message containing `<end_of_turn>` or
+            `<|im_end|>` cannot forge a turn.
+        region: one of `REGIONS`.
+        message: index into the messages, -1 for template glue.
+        pinned: the source message asked to be pinned.
+    """
+
+    parts: tuple[Part, ...]
     region: str
-    message: int  # index into the messages, -1 for template glue
+    message: int
     pinned: bool = False
+
+    @property
+    def text(self) -> str:
+        """The segment's text (all parts joined)."""
+        return "".join(t for t, _ in self.parts)
 
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """Tokens ``[start, end)`` of a prompt carry ``region`` (from message ``message``)."""
+    """Tokens `[start, end)` of a prompt carry `region` (from message `message`)."""
 
     start: int
     end: int
@@ -210,17 +248,32 @@ def tool_calls_text(calls: Sequence[ToolCall]) -> str:
 
 
 # --------------------------------------------------------------------------- formats
+Controls = Callable[[str], list[str]]
+"""Finds the control-token strings (`<end_of_turn>`, `<|im_end|>`...) that occur in a text."""
+
+
 class ChatFormat(abc.ABC):
     """Strategy: render validated messages to segments."""
 
     name = "base"
 
     @abc.abstractmethod
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        """Messages → segments (text, region, source message) in prompt order."""
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        """Messages → segments (parts, region, source message) in prompt order.
+
+        Args:
+            messages: validated messages.
+            bos: text of the BOS token to render ("" when the tokenizer adds it).
+            eos: text of the EOS token.
+            controls: the model's control-token finder; a format that cannot keep
+                every message's text apart from its markup uses it to refuse
+                content that would become control tokens.
+        """
 
 
-def _continue_last(messages: Sequence[Message]) -> bool:
+def continues_turn(messages: Sequence[Message]) -> bool:
     return messages[-1].role == "assistant" and not messages[-1].tool_calls
 
 
@@ -229,164 +282,125 @@ class GemmaFormat(ChatFormat):
 
     name = "gemma"
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        segs: list[Segment] = [Segment(bos, "system" if messages[0].role == "system" else "user", -1)] if bos else []
-        cont = _continue_last(messages)
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        segs: list[Segment] = [Segment((markup_part(bos),), "system" if messages[0].role == "system" else "user", -1)] if bos else []
+        cont = continues_turn(messages)
         n = len(messages)
         i = 0
         merged_first_user = False
         if messages[0].role == "system":
             sysm = messages[0]
             if n > 1 and messages[1].role == "user":  # Gemma 3: system text opens the first user turn
-                segs.append(Segment(f"<start_of_turn>user\n{sysm.content}\n\n", "system", 0, sysm.pin))
+                parts = (markup_part("<start_of_turn>user\n"), content_part(sysm.content), markup_part("\n\n"))
+                segs.append(Segment(parts, "system", 0, sysm.pin))
                 merged_first_user = True
             else:
-                segs.append(Segment(f"<start_of_turn>user\n{sysm.content}<end_of_turn>\n", "system", 0, sysm.pin))
+                parts = (markup_part("<start_of_turn>user\n"), content_part(sysm.content), markup_part("<end_of_turn>\n"))
+                segs.append(Segment(parts, "system", 0, sysm.pin))
             i = 1
         for k in range(i, n):
             m = messages[k]
             last = k == n - 1
             if m.role == "user":
-                who = f"{m.name}: " if m.name else ""
                 head = "" if (merged_first_user and k == 1) else "<start_of_turn>user\n"
-                segs.append(Segment(f"{head}{who}{m.content.strip()}<end_of_turn>\n", "user", k, m.pin))
+                who = (content_part(m.name), markup_part(": ")) if m.name else ()
+                parts = (markup_part(head), *who, content_part(m.content.strip()), markup_part("<end_of_turn>\n"))
+                segs.append(Segment(parts, "user", k, m.pin))
             elif m.role == "system":
-                segs.append(Segment(f"<start_of_turn>user\n{m.content}<end_of_turn>\n", "system", k, m.pin))
+                parts = (markup_part("<start_of_turn>user\n"), content_part(m.content), markup_part("<end_of_turn>\n"))
+                segs.append(Segment(parts, "system", k, m.pin))
             elif m.role == "tool":
-                label = m.name or m.tool_call_id
-                segs.append(
-                    Segment(f"<start_of_turn>user\nTool result ({label}):\n{m.content}<end_of_turn>\n", "tool_result", k, m.pin)
+                label = m.name or m.tool_call_id or ""
+                parts = (
+                    markup_part("<start_of_turn>user\nTool result ("), content_part(label), markup_part("):\n"), content_part(m.content), markup_part("<end_of_turn>\n")
                 )
+                segs.append(Segment(parts, "tool_result", k, m.pin))
             else:  # assistant
                 if last and cont:
-                    segs.append(Segment(f"<start_of_turn>model\n{m.content.lstrip()}", "assistant", k, m.pin))
+                    segs.append(Segment((markup_part("<start_of_turn>model\n"), content_part(m.content.lstrip())), "assistant", k, m.pin))
                     continue
                 text = m.content.strip()
                 if m.tool_calls:
-                    segs.append(Segment(f"<start_of_turn>model\n{text + chr(10) if text else ''}", "assistant", k, m.pin))
-                    segs.append(Segment(tool_calls_text(m.tool_calls) + "<end_of_turn>\n", "tool_call", k, m.pin))
+                    body = (content_part(text), markup_part("\n")) if text else ()
+                    segs.append(Segment((markup_part("<start_of_turn>model\n"), *body), "assistant", k, m.pin))
+                    parts = (content_part(tool_calls_text(m.tool_calls)), markup_part("<end_of_turn>\n"))
+                    segs.append(Segment(parts, "tool_call", k, m.pin))
                 else:
-                    segs.append(Segment(f"<start_of_turn>model\n{text}<end_of_turn>\n", "assistant", k, m.pin))
+                    parts = (markup_part("<start_of_turn>model\n"), content_part(text), markup_part("<end_of_turn>\n"))
+                    segs.append(Segment(parts, "assistant", k, m.pin))
         if not cont:
-            segs.append(Segment("<start_of_turn>model\n", "assistant", -1))
+            segs.append(Segment((markup_part("<start_of_turn>model\n"),), "assistant", -1))
         return segs
 
 
 class ChatMLFormat(ChatFormat):
-    """``<|im_start|>role\\n…<|im_end|>`` turns (Qwen, many fine-tunes)."""
+    """`<|im_start|>role\\n…<|im_end|>` turns (Qwen, many fine-tunes)."""
 
     name = "chatml"
 
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        segs: list[Segment] = [Segment(bos, messages[0].role if messages[0].role == "system" else "user", -1)] if bos else []
-        cont = _continue_last(messages)
+    def render(
+        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+    ) -> list[Segment]:
+        first = messages[0].role if messages[0].role == "system" else "user"
+        segs: list[Segment] = [Segment((markup_part(bos),), first, -1)] if bos else []
+        cont = continues_turn(messages)
         n = len(messages)
         for k, m in enumerate(messages):
             if m.role == "assistant" and k == n - 1 and cont:
-                segs.append(Segment(f"<|im_start|>assistant\n{m.content}", "assistant", k, m.pin))
+                segs.append(Segment((markup_part("<|im_start|>assistant\n"), content_part(m.content)), "assistant", k, m.pin))
                 continue
             if m.role == "assistant" and m.tool_calls:
-                text = m.content + "\n" if m.content else ""
-                segs.append(Segment(f"<|im_start|>assistant\n{text}", "assistant", k, m.pin))
-                segs.append(Segment(tool_calls_text(m.tool_calls) + "<|im_end|>\n", "tool_call", k, m.pin))
+                body = (content_part(m.content), markup_part("\n")) if m.content else ()
+                segs.append(Segment((markup_part("<|im_start|>assistant\n"), *body), "assistant", k, m.pin))
+                parts = (content_part(tool_calls_text(m.tool_calls)), markup_part("<|im_end|>\n"))
+                segs.append(Segment(parts, "tool_call", k, m.pin))
                 continue
             region = {"tool": "tool_result"}.get(m.role, m.role)
-            who = f"{m.name}: " if (m.name and m.role == "user") else ""
-            segs.append(Segment(f"<|im_start|>{m.role}\n{who}{m.content}<|im_end|>\n", region, k, m.pin))
+            who = (content_part(m.name), markup_part(": ")) if (m.name and m.role == "user") else ()
+            parts = (markup_part(f"<|im_start|>{m.role}\n"), *who, content_part(m.content), markup_part("<|im_end|>\n"))
+            segs.append(Segment(parts, region, k, m.pin))
         if not cont:
-            segs.append(Segment("<|im_start|>assistant\n", "assistant", -1))
+            segs.append(Segment((markup_part("<|im_start|>assistant\n"),), "assistant", -1))
         return segs
 
 
-class JinjaFormat(ChatFormat):
-    """The model's own jinja2 chat template; regions from cumulative renders."""
-
-    name = "jinja"
-
-    def __init__(self, template: str) -> None:
-        try:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as exc:  # pragma: no cover
-            raise ImportError("the 'jinja' chat format needs jinja2: pip install jinja2") from exc
-
-        def raise_exception(msg: str) -> None:
-            raise MessageError(f"chat template rejected the messages: {msg}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
-        self._tpl = env.from_string(template)
-
-    @staticmethod
-    def _as_dict(m: Message) -> dict[str, Any]:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.name:
-            d["name"] = m.name
-        if m.tool_calls:
-            d["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls
-            ]
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        return d
-
-    def _render(self, msgs: Sequence[Message], gen: bool, bos: str, eos: str) -> str:
-        return self._tpl.render(
-            messages=[self._as_dict(m) for m in msgs], add_generation_prompt=gen, bos_token=bos, eos_token=eos
-        )
-
-    def render(self, messages: Sequence[Message], *, bos: str, eos: str) -> list[Segment]:
-        cont = _continue_last(messages)
-        full = self._render(messages, not cont, bos, eos)
-        if cont:  # cut everything the template adds after the final assistant content
-            tail = messages[-1].content
-            j = full.rfind(tail) if tail else -1
-            full = full[: j + len(tail)] if j != -1 else full
-        segs: list[Segment] = []
-        prev = 0
-        for k in range(len(messages)):
-            try:
-                part = self._render(messages[: k + 1], False, bos, eos)
-            except MessageError:
-                part = ""  # e.g. a template that insists on alternation for prefixes
-            # boundary = common prefix of the partial and the full render
-            lim = min(len(part), len(full))
-            b = 0
-            while b < lim and part[b] == full[b]:
-                b += 1
-            if b > prev:
-                m = messages[k]
-                region = "tool_call" if m.tool_calls else {"tool": "tool_result"}.get(m.role, m.role)
-                segs.append(Segment(full[prev:b], region, k, m.pin))
-                prev = b
-        if prev < len(full):
-            segs.append(Segment(full[prev:], "assistant", -1))
-        return segs
+FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFormat}
+"""The built-in formats by name; `jinja` (`agentmem.engine.jinja_format.JinjaFormat`) is imported on use."""
 
 
-FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFormat, "jinja": JinjaFormat}
-
-
-def select_format(name: str, template: str | None, *, has_gemma_turns: bool = False) -> ChatFormat:
+def select_format(
+    name: str, template: str | None, *, has_gemma_turns: bool = False, limits: RenderLimits | None = None
+) -> ChatFormat:
     """Pick a format by name.
 
-    ``auto``: a Gemma-style template, or no template but a vocabulary with a
-    ``<start_of_turn>`` token (the default model's GGUF ships no template) →
-    ``gemma``; another template → ``jinja``; otherwise ``chatml``.
+    `auto`: a Gemma-style template, or no template but a vocabulary with a
+    `<start_of_turn>` token (the default model's GGUF ships no template) →
+    `gemma`; another template → `jinja`; otherwise `chatml`.
+
+    Raises:
+        PolicyError: an unknown name, or `jinja` for a model without a template.
+        ChatTemplateError: the template does not compile.
     """
+
+    def jinja(template: str) -> ChatFormat:
+        from agentmem.engine.jinja_format import JinjaFormat  # jinja2 loads only for a jinja template
+
+        return JinjaFormat(template, limits=limits)
+
     if name == "auto":
         if (template and "<start_of_turn>" in template) or (not template and has_gemma_turns):
             return GemmaFormat()
         if template:
-            return JinjaFormat(template)
+            return jinja(template)
         return ChatMLFormat()
     if name == "jinja":
         if not template:
             raise PolicyError("chat_format='jinja' but the model has no tokenizer.chat_template")
-        return JinjaFormat(template)
+        return jinja(template)
     if name not in FORMATS:
-        raise PolicyError(f"unknown chat_format {name!r}; valid: auto, {', '.join(sorted(FORMATS))}")
+        raise PolicyError(f"unknown chat_format {name!r}; valid: auto, {', '.join(sorted([*FORMATS, 'jinja']))}")
     return FORMATS[name]()
 
 
@@ -394,38 +408,58 @@ class ChatRenderer:
     """Render + tokenize messages for one model, caching segment tokenizations.
 
     Args:
-        model: a :class:`~agentmem.engine.context.LlamaModel` (anything with
-            ``tokenize``, ``bos``, ``add_bos``, ``chat_template()``).
-        chat_format: ``auto``, ``gemma``, ``chatml`` or ``jinja``.
+        model: a `agentmem.engine.context.LlamaModel` (anything with
+            `tokenize_pieces`, `control_strings`, `bos`, `add_bos`, `has_special`
+            and `chat_template()`).
+        chat_format: `auto`, `gemma`, `chatml` or `jinja`.
+        cache_size: segment tokenizations kept (LRU).
+        limits: time and output limits of a jinja template's render
+            (`agentmem.engine.template_sandbox.RenderLimits`; defaults when None).
+
+    Raises:
+        ChatTemplateError: the model's jinja template does not compile.
+        PolicyError: an unknown `chat_format`.
     """
 
-    def __init__(self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192) -> None:
+    def __init__(
+        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, limits: RenderLimits | None = None
+    ) -> None:
         self.model = model
         self.format = select_format(
-            chat_format, model.chat_template(), has_gemma_turns=model.has_special("<start_of_turn>")
+            chat_format, model.chat_template(), has_gemma_turns=model.has_special("<start_of_turn>"), limits=limits
         )
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
         logger.debug("chat format: %s", self.format.name)
 
-    def _tok(self, text: str) -> tuple[int, ...]:
+    def _cached(self, key: Any, make: Callable[[], Any]) -> Any:
         with self._cache_lock:  # renders run concurrently in callers' threads
-            hit = self._cache.get(text)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return hit
-        toks = tuple(self.model.tokenize(text, add_special=False, parse_special=True))
+        value = make()
         with self._cache_lock:
-            self._cache[text] = toks
+            self._cache[key] = value
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return toks
+        return value
+
+    def _tok(self, parts: tuple[Part, ...]) -> tuple[int, ...]:
+        """Tokens of a segment: control tokens from its markup only, its content as text."""
+        return self._cached(parts, lambda: tuple(self.model.tokenize_pieces(parts)))
+
+    def _controls(self, text: str) -> list[str]:
+        """Control-token strings in a message's text (cached: histories repeat)."""
+        if not text:
+            return []
+        return self._cached(("controls", text), lambda: self.model.control_strings(text))
 
     def render(self, messages: Iterable[Mapping[str, Any] | Message]) -> RenderedPrompt:
-        """Messages → tokens with region spans (raises :class:`MessageError`)."""
+        """Messages → tokens with region spans (raises `MessageError`)."""
         msgs = normalize_messages(messages)
-        segs = self.format.render(msgs, bos="", eos="")
+        segs = self.format.render(msgs, bos="", eos="", controls=self._controls)
         tokens: list[int] = []
         spans: list[Span] = []
         if self.model.add_bos:
@@ -433,7 +467,7 @@ class ChatRenderer:
             first = segs[0] if segs else None
             spans.append(Span(0, 1, first.region if first else "system", -1, True))
         for s in segs:
-            t = self._tok(s.text)
+            t = self._tok(s.parts)
             if not t:
                 continue
             spans.append(Span(len(tokens), len(tokens) + len(t), s.region, s.message, s.pinned))
@@ -441,7 +475,13 @@ class ChatRenderer:
         return RenderedPrompt(tokens, spans)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
-        """A raw prompt (no template): BOS (if the model wants it) + the text's tokens."""
+        """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.
+
+        The text is tokenized as text, like message content: a `<end_of_turn>` in a
+        raw completion prompt stays those characters, never the control token. This
+        was already so before chat messages were made safe the same way, and there is
+        no opt-in to parse control tokens in a raw prompt.
+        """
         if not isinstance(text, str):
             raise MessageError(f"prompt must be a string, got {type(text).__name__}")
         toks = ([self.model.bos] if self.model.add_bos else []) + list(self.model.tokenize(text, add_special=False, parse_special=False))

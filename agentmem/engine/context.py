@@ -81,6 +81,7 @@ class LlamaModel:
         use_mmap: map the file instead of reading it.
 
     Example:
+
         >>> m = LlamaModel("gemma-3-270m-it-Q4_K_M.gguf")   # doctest: +SKIP
         >>> m.tokenize("Hello", add_special=True)            # doctest: +SKIP
         [2, 9259]
@@ -109,6 +110,8 @@ class LlamaModel:
         self.add_bos: bool = bool(_ll.llama_vocab_get_add_bos(self._vocab))
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
+        self._attr_cache: dict[int, int] = {}
+        self._markup_cache: dict[str, tuple[tuple[int, int, int, int], ...]] = {}
 
     # -- lifetime -----------------------------------------------------------
     @property
@@ -190,9 +193,20 @@ class LlamaModel:
         return buf.value.decode("utf-8", "replace")
 
     # -- text <-> tokens ----------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Tokenize `text`. `add_special` adds BOS when the model wants one;
-        `parse_special` turns `<start_of_turn>`-style markers into their tokens."""
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Tokenize `text`.
+
+        Args:
+            text: the text.
+            add_special: add BOS when the model wants one.
+            parse_special: turn control-token strings such as `<start_of_turn>` into
+                their tokens. Off by default: text from users, tools or web pages must
+                not become turn markers; only a chat template's own markup may (see
+                `tokenize_pieces`).
+
+        Returns:
+            The token ids.
+        """
         data = text.encode("utf-8")
         # a buffer per call: prompts are rendered outside the pool lock, from many threads
         buf = (_ll.llama_token * (len(data) + 8))()
@@ -204,16 +218,104 @@ class LlamaModel:
                 raise EngineError(f"llama_tokenize failed with {n}")
         return buf[:n]
 
+    def tokenize_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """Tokenize text in which only trusted pieces may produce control tokens.
+
+        Args:
+            pieces: `(text, trusted)` pairs in prompt order. In a trusted piece (a chat
+                template's own markup) control-token strings such as `<start_of_turn>`
+                become their tokens; in an untrusted piece (message content, names, tool
+                calls) they stay plain text, so content cannot forge a turn.
+
+        Returns:
+            The token ids. The text between two control tokens is tokenized as one run
+            across piece boundaries, as `tokenize` does, so the result equals
+            `tokenize("".join(texts), parse_special=True)` whenever no untrusted piece
+            contains a control-token string.
+
+        Example:
+            >>> m.tokenize_pieces([("<start_of_turn>user\\n", True), ("<end_of_turn>", False)])  # doctest: +SKIP
+            [105, 2364, 107, 236820, 643, 236779, 1340, 236779, 887, 236813]
+        """
+        out: list[int] = []
+        run: list[str] = []
+        strip_next = False  # the last control token eats the whitespace after it (RSTRIP)
+
+        def flush(strip_end: bool) -> None:
+            text = "".join(run)
+            run.clear()
+            if strip_next:
+                text = text.lstrip()
+            if strip_end:
+                text = text.rstrip()
+            if text:
+                out.extend(self.tokenize(text, parse_special=False))
+
+        for text, trusted in pieces:
+            if not trusted:
+                run.append(text)
+                continue
+            pos = 0
+            for j, end, tok, attr in self._markup_controls(text):
+                run.append(text[pos:j])
+                flush(bool(attr & _ll.LLAMA_TOKEN_ATTR_LSTRIP))
+                strip_next = bool(attr & _ll.LLAMA_TOKEN_ATTR_RSTRIP)
+                out.append(tok)
+                pos = end
+            run.append(text[pos:])
+        flush(False)
+        return out
+
+    def _markup_controls(self, text: str) -> tuple[tuple[int, int, int, int], ...]:
+        """`(start, end, token, attr)` of each control token in a trusted text (cached: markup repeats)."""
+        hit = self._markup_cache.get(text)
+        if hit is not None:
+            return hit
+        found = []
+        pos = 0
+        for tok in self.tokenize(text, parse_special=True):
+            attr = self._control_attr(tok)
+            if not attr:
+                continue
+            mark = self._piece(tok, special=True).decode("utf-8", "replace")
+            j = text.find(mark, pos)
+            if j < 0:  # llama.cpp matched it; so must we
+                raise EngineError(f"control token {tok} ({mark!r}) not found in {text!r:.80}")
+            found.append((j, j + len(mark), tok, attr))
+            pos = j + len(mark)
+        if len(self._markup_cache) > 4096:  # bounded; a dict store is atomic across threads
+            self._markup_cache.clear()
+        self._markup_cache[text] = result = tuple(found)
+        return result
+
+    def _control_attr(self, token: int) -> int:
+        """The token's attribute bits when it is a control (or unknown) token, else 0."""
+        attr = self._attr_cache.get(token)
+        if attr is None:
+            attr = int(_ll.llama_vocab_get_attr(self.vocab, token))
+            if not attr & (_ll.LLAMA_TOKEN_ATTR_CONTROL | _ll.LLAMA_TOKEN_ATTR_UNKNOWN):
+                attr = 0
+            self._attr_cache[token] = attr
+        return attr
+
+    def control_strings(self, text: str) -> list[str]:
+        """The control-token strings (`<end_of_turn>`, `<|im_end|>`...) that occur in `text`."""
+        toks = self.tokenize(text, parse_special=True)
+        return [self._piece(t, special=True).decode("utf-8", "replace") for t in toks if self._control_attr(t)]
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)  # per call: called from many threads
+        n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token renders to (special tokens render as nothing)."""
         piece = self._piece_cache.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)  # per call: called from many threads
-            n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = _ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[:n]
+            piece = self._piece(token, special=False)
             self._piece_cache[token] = piece  # a dict store is atomic; a race only repeats work
         return piece
 
@@ -304,6 +406,8 @@ class LlamaContext:
 
     All methods take the context's lock; callers that chain several calls
     (restore, then decode) may hold `ctx.lock` themselves (it is re-entrant).
+
+    Example:
 
     Example:
         >>> ctx = LlamaContext(model, ContextParams(n_ctx=2048, n_seq_max=2))  # doctest: +SKIP
