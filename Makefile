@@ -2,7 +2,8 @@
 #   make demo   set everything up, run a multi-agent team on the bundled model
 #   make test   set everything up, run the test suite
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
-# 2 cores); pip caches the wheel. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
+# 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
+# ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
 # For Metal (macOS): CMAKE_ARGS="-DGGML_METAL=on" make demo
 
 PYTHON ?= python3
@@ -13,9 +14,10 @@ EXTRAS ?= model,langchain,autogen,baselines,dev,docs
 
 .PHONY: install demo test test-unit bench docs clean
 
-$(STAMP): pyproject.toml $(wildcard setup.py)
+$(STAMP): pyproject.toml $(wildcard setup.py) scripts/install_llama.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	bash scripts/install_llama.sh $(BIN)/python
 	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
