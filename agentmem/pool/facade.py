@@ -21,7 +21,7 @@ from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
 from agentmem.engine.sampling import SamplingParams
-from agentmem import validation as check
+import agentmem.validation as check
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.archive import Archive, EvictedSpan
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
