@@ -109,7 +109,8 @@ ANY_OBJECT = json.dumps({"k": [1, -2.5e3, None, True, {"x": "y"}]})
 CASES: list[tuple[str, list[dict[str, Any]], Any, bool, Any, list[str], list[str]]] = [
     ("auto-one", [WEATHER], "auto", False, None, [WEATHER_CALL], [call("get_weather")]),
     ("required-all", [WEATHER, ADD, LEVEL, PING], "required", False, None,
-     [WEATHER_CALL, ADD_CALL, LEVEL_CALL, PING_CALL], [TWO_CALLS, call("set_level", level="mid")]),
+     [WEATHER_CALL, ADD_CALL, LEVEL_CALL, PING_CALL],
+     [TWO_CALLS, call("set_level", level="mid"), call("add", a=100, b=0), call("add", a=1, b=10)]),
     ("named-add", [WEATHER, ADD], "add", False, None, [ADD_CALL], [WEATHER_CALL]),
     ("required-parallel", [ADD, PING], "required", True, None, [PING_CALL, TWO_CALLS], [call("ping", x=1)]),
     ("json-object", [], None, False, "object", [ANY_OBJECT, "{}"], ["[]"]),
@@ -249,8 +250,9 @@ def _lc_render(tools: list[dict[str, Any]], choice: Any, parallel: bool, fmt: An
             [{"type": "function", "function": t} for t in tools], tool_choice=choice, parallel_tool_calls=parallel
         )
     else:
-        bound = model.with_structured_output(None if fmt == "object" else fmt,
-                                             method="json_mode" if fmt == "object" else "json_schema").first  # type: ignore[attr-defined]
+        method = "json_mode" if fmt == "object" else "json_schema"
+        structured = model.with_structured_output(None if fmt == "object" else fmt, method=method)  # type: ignore[arg-type]
+        bound = structured.first  # type: ignore[attr-defined]
     kwargs = {k: v for k, v in bound.kwargs.items() if k != "ls_structured_output_format"}
     prepared = model._prepare(msgs, None, kwargs)
     out = []
@@ -259,7 +261,10 @@ def _lc_render(tools: list[dict[str, Any]], choice: Any, parallel: bool, fmt: An
     return out
 
 
-def _ag_render(pool: MemoryPool, tools: list[dict[str, Any]], choice: Any, parallel: bool, fmt: Any) -> list[tuple[str, str, str]]:
+def _ag_render(
+    pool: MemoryPool, tools: list[dict[str, Any]], choice: Any, parallel: bool, fmt: Any
+) -> list[tuple[str, str, str]]:
+    """(system prompt, forced prefix, grammar) of each generation the call may run."""
     client = AgentMemChatCompletionClient(pool, agent_id="golden", parallel_tool_calls=parallel)
     msgs = [AgSystem(content="You are terse."), AgUser(content="Go.", source="user")]
     if isinstance(choice, str) and choice not in ("auto", "required", "none"):
@@ -297,21 +302,26 @@ def pool(tiny_model_path: Any) -> Any:
 @pytest.mark.parametrize("framework", ["langchain", "autogen"])
 @pytest.mark.parametrize(("case", "tools", "choice", "parallel", "fmt", "good", "bad"), CASES, ids=[c[0] for c in CASES])
 def test_prompt_and_grammar_match_the_golden_file(
-    pool: MemoryPool, framework: str, case: str, tools: list[dict[str, Any]], choice: Any, parallel: bool, fmt: Any,
-    good: list[str], bad: list[str],
+    pool: MemoryPool,
+    framework: str,
+    case: str,
+    tools: list[dict[str, Any]],
+    choice: Any,
+    parallel: bool,
+    fmt: Any,
+    good: list[str],
+    bad: list[str],
 ) -> None:
-    render: Callable[..., list[tuple[str, str, str]]] = _lc_render if framework == "langchain" else (
-        lambda *a: _ag_render(pool, *a)
+    render: Callable[..., list[tuple[str, str, str]]] = (
+        _lc_render if framework == "langchain" else lambda *a: _ag_render(pool, *a)
     )
-    if framework == "autogen" and fmt is Owner:
-        fmt = Owner  # a pydantic model is what AutoGen's json_output takes
     renders = render(tools, choice, parallel, fmt)
     path = GOLDEN / f"{framework}-{case}.txt"
     text = _text(renders)
     if UPDATE:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    assert path.read_text(encoding="utf-8") == text, f"{path.name} differs; rerun with AGENTMEM_UPDATE_GOLDEN=1 if intended"
+    assert path.read_text(encoding="utf-8") == text, f"{path.name} differs (AGENTMEM_UPDATE_GOLDEN=1 if intended)"
 
     for _system, prefix, grammar in renders:
         if not grammar:
