@@ -30,7 +30,8 @@ from llama_cpp import llama_chat_format
 from agentmem.engine.chat_format import GemmaFormat, normalize_messages
 
 # The exact tool block ChatAgentMem puts in the system prompt (prompt parity).
-from agentmem_langchain._tools import normalize_tools, tools_instruction
+from agentmem.tools import tools_prompt, with_system_block
+from agentmem_langchain._tools import normalize_tools
 from langchain_team import main, search
 
 _KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
@@ -45,11 +46,7 @@ def _agentmem_gemma(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
         if m["role"] == "user":
             m.pop("name", None)  # ChatLlamaCpp never sends names; keep both runs alike
     if tools:
-        block = tools_instruction(normalize_tools(tools))
-        if msgs and msgs[0]["role"] == "system":
-            msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
-        else:
-            msgs.insert(0, {"role": "system", "content": block})
+        msgs = with_system_block(msgs, tools_prompt([t.as_dict() for t in normalize_tools(tools)]))
     text = "".join(s.text for s in GemmaFormat().render(normalize_messages(msgs), bos="", eos=""))
     _last_prompt[0] = text
     return llama_chat_format.ChatFormatterResponse(prompt=text, stop=["<end_of_turn>"])

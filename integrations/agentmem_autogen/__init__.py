@@ -1,8 +1,8 @@
 """AutoGen integration of agentmem: a model client whose agents keep their KV state.
 
-``AgentMemChatCompletionClient`` is an AutoGen ``ChatCompletionClient`` (and a
-serializable ``Component``) over one shared :class:`agentmem.MemoryPool`. Give
-every AgentChat agent its own client — ``clients_for(pool, ["pm", "engineer"])``
+`AgentMemChatCompletionClient` is an AutoGen `ChatCompletionClient` (and a
+serializable `Component`) over one shared `agentmem.MemoryPool`. Give
+every AgentChat agent its own client — `clients_for(pool, ["pm", "engineer"])`
 — and a team's turn switch restores the next agent's kept KV instead of
 prefilling its whole history again.
 
@@ -10,7 +10,7 @@ prefilling its whole history again.
 >>> from agentmem_autogen import clients_for                           # doctest: +SKIP
 >>> clients = clients_for(MemoryPool(n_ctx=8192), ["pm", "engineer"])  # doctest: +SKIP
 
-Needs AutoGen: ``pip install 'agentmem[autogen]'``.
+Needs AutoGen: `pip install 'agentmem[autogen]'`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "agentmem_autogen needs AutoGen (autogen-core); install it with: pip install 'agentmem[autogen]'"
     ) from exc
 
+from agentmem.tools import choice_grammar
+
 from ._client import (
     SAMPLING_ARGS,
     AgentMemChatCompletionClient,
     AgentMemChatCompletionClientConfig,
     clients_for,
 )
-from ._grammar import choice_grammar
 
 __all__ = [
     "SAMPLING_ARGS",

@@ -1,7 +1,7 @@
 """AgentMemChatCompletionClient: an AutoGen model client whose agents keep their KV.
 
-One :class:`~agentmem.MemoryPool` holds the model and one llama.cpp context; each
-client speaks for one agent of it (``agent_id``), so when a team switches from
+One `agentmem.MemoryPool` holds the model and one llama.cpp context; each
+client speaks for one agent of it (`agent_id`), so when a team switches from
 the product manager to the engineer, the engineer's history is restored from its
 kept KV instead of being prefilled again.
 """
@@ -30,24 +30,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 from agentmem import ChatResult, MemoryPool, PoolConfig
-
-from . import _registry
-from ._grammar import (
+from agentmem.tools import (
     JSON_OBJECT_GRAMMAR,
+    acquire,
     call_or_document_grammar,
     choice_grammar,
-    schema_grammar,
-    tool_call_continuation,
-)
-from ._messages import (
-    candidate_names,
     looks_like_tool_call,
-    parse_tool_calls,
-    to_agentmem_messages,
-    tool_schemas,
+    opens_tool_call,
+    register,
+    release,
+    schema_grammar,
+    text_before_json,
+    tool_call_continuation,
     tools_prompt,
-    with_tools,
+    with_system_block,
 )
+
+from ._messages import candidate_names, parse_tool_calls, to_agentmem_messages, tool_schemas
 
 __all__ = ["AgentMemChatCompletionClient", "AgentMemChatCompletionClientConfig", "clients_for"]
 
@@ -60,48 +59,48 @@ SAMPLING_ARGS: frozenset[str] = frozenset(
         "repeat_penalty", "repeat_last_n", "seed", "stop", "grammar",
     }
 )
-"""Keys accepted in ``create_args`` and in ``extra_create_args`` of a call."""
+"""Keys accepted in `create_args` and in `extra_create_args` of a call."""
 
 FALLBACK_AGENT_ID = "autogen"
-"""The KV slot of a client without ``agent_id`` used outside an AutoGen runtime."""
+"""The KV slot of a client without `agent_id` used outside an AutoGen runtime."""
 
 
 class AgentMemChatCompletionClientConfig(BaseModel):
-    """Serializable configuration of :class:`AgentMemChatCompletionClient` (``dump_component``)."""
+    """Serializable configuration of `AgentMemChatCompletionClient` (`dump_component`)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     agent_id: Optional[str] = None
-    """Whose KV this client uses in the pool. ``None``: the AutoGen agent making the call
-    (its runtime ``AgentId``), so one client can serve a whole team."""
+    """Whose KV this client uses in the pool. `None`: the AutoGen agent making the call
+    (its runtime `AgentId`), so one client can serve a whole team."""
     pool: Dict[str, Any] = Field(default_factory=dict)
-    """The pool's :class:`~agentmem.PoolConfig` as a dict; an open pool with the same
+    """The pool's `agentmem.PoolConfig` as a dict; an open pool with the same
     configuration in this process is reused instead of loading the model again."""
     max_tokens: int = 256
-    """Tokens to generate at most per call (``extra_create_args`` may override)."""
+    """Tokens to generate at most per call (`extra_create_args` may override)."""
     temperature: float = 0.0
-    """Sampling temperature; ``0`` is greedy (deterministic)."""
+    """Sampling temperature; `0` is greedy (deterministic)."""
     create_args: Dict[str, Any] = Field(default_factory=dict)
-    """Default sampling options: ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
-    ``repeat_last_n``, ``seed``, ``stop``, ``grammar`` (GBNF)."""
+    """Default sampling options: `top_k`, `top_p`, `min_p`, `repeat_penalty`,
+    `repeat_last_n`, `seed`, `stop`, `grammar` (GBNF)."""
     parallel_tool_calls: bool = False
     """Let one reply call several tools (default: one call per reply, which keeps a
     small model from looping)."""
     force_tools: bool = False
-    """Treat ``tool_choice="auto"`` as ``"required"`` when a call offers tools: every such
+    """Treat `tool_choice="auto"` as `"required"` when a call offers tools: every such
     reply is a grammar-valid tool call. For small models that rarely decide to call a
-    tool on their own (AgentChat's AssistantAgent has no ``tool_choice`` argument)."""
+    tool on their own (AgentChat's AssistantAgent has no `tool_choice` argument)."""
     speaker_selection: bool = False
-    """For the client of a ``SelectorGroupChat``: constrain a reply to one of the candidate
-    names its selection prompt lists (``select the next role from ['pm', 'engineer'] ...``,
+    """For the client of a `SelectorGroupChat`: constrain a reply to one of the candidate
+    names its selection prompt lists (`select the next role from ['pm', 'engineer'] ...`,
     the last such list in the prompt), so a small model always names a valid speaker."""
     model_info: Optional[ModelInfo] = None
-    """Overrides :attr:`AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
+    """Overrides `AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
 
 
 @dataclass(slots=True)
 class _Plan:
-    """What one ``create`` call will do (built and validated before any generation)."""
+    """What one `create` call will do (built and validated before any generation)."""
 
     agent_id: str
     messages: list[dict[str, Any]]
@@ -118,69 +117,74 @@ class _Plan:
 
 
 class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatCompletionClientConfig]):
-    """AutoGen ``ChatCompletionClient`` over an agentmem :class:`~agentmem.MemoryPool`.
+    """AutoGen `ChatCompletionClient` over an agentmem `agentmem.MemoryPool`.
 
-    Every AgentChat agent gets its own client (its own ``agent_id``) over one shared
+    Every AgentChat agent gets its own client (its own `agent_id`) over one shared
     pool: the pool keeps each agent's KV state — live in a llama.cpp sequence or
     parked in RAM — so a team's turn switch restores the next agent's context in
     milliseconds instead of prefilling its whole history again.
 
-    Setup::
-
-        pip install 'agentmem[autogen,model]'
+    Setup:
+    ```bash
+    pip install 'agentmem[autogen,model]'
+    ```
 
     Instantiate (one pool, one client per agent; the selector of a
-    ``SelectorGroupChat`` gets its own id so it never disturbs a worker's KV)::
+    `SelectorGroupChat` gets its own id so it never disturbs a worker's KV):
+    ```python
+    from agentmem import MemoryPool
+    from agentmem_autogen import clients_for
 
-        from agentmem import MemoryPool
-        from agentmem_autogen import clients_for
+    pool = MemoryPool(n_ctx=8192, resident_agents=4)
+    clients = clients_for(pool, ["pm", "engineer", "selector"], max_tokens=128)
+    pm = AssistantAgent("pm", model_client=clients["pm"], system_message="...")
+    ```
 
-        pool = MemoryPool(n_ctx=8192, resident_agents=4)
-        clients = clients_for(pool, ["pm", "engineer", "selector"], max_tokens=128)
-        pm = AssistantAgent("pm", model_client=clients["pm"], system_message="...")
+    Invoke:
+    ```python
+    result = await clients["pm"].create([UserMessage(content="Name a colour.", source="user")])
+    result.content, result.usage, result.cached
+    # ('Blue', RequestUsage(prompt_tokens=16, completion_tokens=2), False)
+    ```
 
-    Invoke::
+    Stream (text pieces, then the `autogen_core.models.CreateResult`):
+    ```python
+    pieces = [item async for item in client.create_stream(messages)]
+    text, result = "".join(pieces[:-1]), pieces[-1]   # result.usage, result.cached
+    ```
 
-        result = await clients["pm"].create([UserMessage(content="Name a colour.", source="user")])
-        result.content, result.usage, result.cached
-        # ('Blue', RequestUsage(prompt_tokens=16, completion_tokens=2), False)
-
-    Stream (text pieces, then the :class:`~autogen_core.models.CreateResult`)::
-
-        pieces = [item async for item in client.create_stream(messages)]
-        text, result = "".join(pieces[:-1]), pieces[-1]   # result.usage, result.cached
-
-    Tools: ``tools`` are described in the system prompt and a call is the JSON
-    ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` — the same text the
+    Tools: `tools` are described in the system prompt (`agentmem.tools.tools_prompt`, the
+    same text every agentmem integration shows the model) and a call is the JSON
+    `{"tool_calls": [{"name": ..., "arguments": {...}}]}` — the same text the
     prompt renders past calls in, so the agent's KV stays a prefix. With
-    ``tool_choice="required"`` or a specific ``Tool`` the reply is constrained to a
-    valid call by a grammar; with ``"auto"`` the model answers freely and a
-    malformed call attempt is redone under the grammar; ``"none"`` returns text.
+    `tool_choice="required"` or a specific `Tool` the reply is constrained to a
+    valid call by a grammar; with `"auto"` the model answers freely and a
+    malformed call attempt is redone under the grammar; `"none"` returns text.
     The tools block stays in the agent's prompt on calls that pass no tools (such
     as AssistantAgent's reflection after a tool call), so those calls reuse the KV too.
 
-    JSON: ``json_output=True`` constrains the reply to a JSON object,
-    ``json_output=SomeModel`` to the pydantic model's schema.
+    JSON: `json_output=True` constrains the reply to a JSON object,
+    `json_output=SomeModel` to the pydantic model's schema.
 
     Args:
-        pool: the shared pool. ``None``: the open pool of ``pool_config`` in this
+        pool: the shared pool. `None`: the open pool of `pool_config` in this
             process, loaded once if none is open (the clients that loaded it close it).
-        agent_id: the agent whose KV this client uses; ``None`` = the calling AutoGen agent.
-        pool_config: configuration of the pool to use when ``pool`` is ``None``
-            (a :class:`~agentmem.PoolConfig` or a dict of its fields).
+        agent_id: the agent whose KV this client uses; `None` = the calling AutoGen agent.
+        pool_config: configuration of the pool to use when `pool` is `None`
+            (a `agentmem.PoolConfig` or a dict of its fields).
         max_tokens: default generation limit per call.
-        temperature: default temperature (``0`` = greedy).
-        create_args: default sampling options (see :data:`SAMPLING_ARGS`).
+        temperature: default temperature (`0` = greedy).
+        create_args: default sampling options (see `SAMPLING_ARGS`).
         parallel_tool_calls: allow several tool calls in one reply.
-        force_tools: make ``tool_choice="auto"`` behave as ``"required"`` (see the config).
-        speaker_selection: answer a ``SelectorGroupChat``'s selection prompt with one of its
+        force_tools: make `tool_choice="auto"` behave as `"required"` (see the config).
+        speaker_selection: answer a `SelectorGroupChat`'s selection prompt with one of its
             candidate names (grammar-constrained; see the config).
-        model_info: overrides :attr:`DEFAULT_MODEL_INFO`.
+        model_info: overrides `DEFAULT_MODEL_INFO`.
 
     Attributes:
-        last_result: the :class:`~agentmem.ChatResult` of the latest pool call
-            (timings, ``kv`` = reused/restored/prefilled, cached tokens).
-        on_result: optional callable ``(agent_id, ChatResult) -> None`` run after
+        last_result: the `agentmem.ChatResult` of the latest pool call
+            (timings, `kv` = reused/restored/prefilled, cached tokens).
+        on_result: optional callable `(agent_id, ChatResult) -> None` run after
             every pool call (metrics, logging); not part of the config.
     """
 
@@ -232,13 +236,13 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         self._model_info_overridden = model_info is not None
         if pool is not None:
             self._pool, self._owns_pool = pool, False
-            _registry.register(pool)
+            register(pool)
         else:
             if isinstance(pool_config, Mapping):
                 cfg = PoolConfig.from_dict(pool_config)
             else:
                 cfg = pool_config or PoolConfig()
-            self._pool, self._owns_pool = _registry.acquire(cfg)
+            self._pool, self._owns_pool = acquire(cfg, _open_pool)
         self._agent_id = agent_id
         self._tool_blocks: dict[str, str] = {}  # agent id -> tools block last shown to it
         self._closed = False
@@ -250,12 +254,12 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     # ------------------------------------------------------------------ properties
     @property
     def pool(self) -> MemoryPool:
-        """The shared :class:`~agentmem.MemoryPool`."""
+        """The shared `agentmem.MemoryPool`."""
         return self._pool
 
     @property
     def agent_id(self) -> str | None:
-        """The fixed agent id, or ``None`` (the calling AutoGen agent's id is used)."""
+        """The fixed agent id, or `None` (the calling AutoGen agent's id is used)."""
         return self._agent_id
 
     @property
@@ -296,7 +300,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ usage & tokens
     def actual_usage(self) -> RequestUsage:
-        """Tokens of the latest ``create``/``create_stream`` call."""
+        """Tokens of the latest `create`/`create_stream` call."""
         return RequestUsage(self._last_usage.prompt_tokens, self._last_usage.completion_tokens)
 
     def total_usage(self) -> RequestUsage:
@@ -304,13 +308,13 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         return RequestUsage(self._total_usage.prompt_tokens, self._total_usage.completion_tokens)
 
     def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        """Prompt tokens ``messages`` render to through the model's chat template (tools block included)."""
+        """Prompt tokens `messages` render to through the model's chat template (tools block included)."""
         agent = self._resolve_agent_id()
         block = tools_prompt(tool_schemas(tools)) if tools else self._tool_blocks.get(agent)
-        return self._pool.count_tokens(with_tools(to_agentmem_messages(messages), block))
+        return self._pool.count_tokens(with_system_block(to_agentmem_messages(messages), block))
 
     def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        """Tokens left in the agent's capacity after ``messages``."""
+        """Tokens left in the agent's capacity after `messages`."""
         return max(0, self._pool.capacity - self.count_tokens(messages, tools=tools))
 
     async def close(self) -> None:
@@ -319,7 +323,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             return
         self._closed = True
         if self._owns_pool:
-            _registry.release(self._pool)
+            release(self._pool)
 
     # ------------------------------------------------------------------ generation
     async def create(
@@ -332,11 +336,11 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         extra_create_args: Mapping[str, Any] = {},
         cancellation_token: Optional[CancellationToken] = None,
     ) -> CreateResult:
-        """One reply: text, JSON, or tool calls (``content`` is then a list of ``FunctionCall``).
+        """One reply: text, JSON, or tool calls (`content` is then a list of `FunctionCall`).
 
         Raises:
-            ValueError: bad messages, tools, ``tool_choice``, ``json_output`` or create args.
-            asyncio.CancelledError: ``cancellation_token`` was cancelled (generation stops).
+            ValueError: bad messages, tools, `tool_choice`, `json_output` or create args.
+            asyncio.CancelledError: `cancellation_token` was cancelled (generation stops).
             agentmem.ContextOverflowError: the prompt does not fit the agent's capacity.
         """
         plan = self._plan(messages, tools, tool_choice, json_output, extra_create_args)
@@ -365,7 +369,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         extra_create_args: Mapping[str, Any] = {},
         cancellation_token: Optional[CancellationToken] = None,
     ) -> AsyncGenerator[Union[str, CreateResult], None]:
-        """Like :meth:`create`, yielding text pieces as they are generated and the ``CreateResult`` last.
+        """Like `create`, yielding text pieces as they are generated and the `CreateResult` last.
 
         A reply that is a tool call yields no text pieces (its calls are in the result).
         """
@@ -418,7 +422,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             self._tool_blocks[agent] = block
         else:
             block = self._tool_blocks.get(agent)  # keep the prompt (and so the KV prefix) stable
-        conv = with_tools(conv, block)
+        conv = with_system_block(conv, block)
 
         # which tools the reply may / must call
         if isinstance(tool_choice, Tool):
@@ -471,9 +475,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     async def _pool_stream(
         self, plan: _Plan, grammar: str | None, prefix: str | None, token: CancellationToken | None
     ) -> AsyncGenerator[str | ChatResult, None]:
-        """One pool generation as an async stream; cancelling ``token`` stops it at once.
+        """One pool generation as an async stream; cancelling `token` stops it at once.
 
-        ``prefix`` is given to the model as the start of its reply (continued, not closed).
+        `prefix` is given to the model as the start of its reply (continued, not closed).
         """
         kw = dict(plan.sampling)
         if grammar is not None:
@@ -544,7 +548,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                     lead = "".join(held).lstrip()
                     if not lead:
                         continue
-                    holding = bool(plan.tool_names) and lead[0] in "{`"
+                    holding = bool(plan.tool_names) and bool(opens_tool_call(lead, lenient=True))
                     if not holding:
                         for piece in held:
                             yield piece
@@ -576,7 +580,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                 results.append(r2)
                 parsed = parse_tool_calls(prefix + r2.text, plan.tool_names)
                 if parsed is not None:
-                    parsed = (parsed[0], _text_before_json(text))
+                    parsed = (parsed[0], text_before_json(text))
             if parsed is not None:
                 content, before = parsed
                 thought = before or None
@@ -608,11 +612,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         )
 
 
-def _text_before_json(text: str) -> str:
-    """Text a model wrote before a (malformed) JSON tool call — kept as the call's thought."""
-    j = text.find("{")
-    before = text[:j] if j != -1 else ""
-    return before.replace("```json", "").replace("```", "").strip()
+def _open_pool(config: PoolConfig) -> MemoryPool:
+    """How the shared-pool registry opens a pool this client asks for."""
+    return MemoryPool(config=config)
 
 
 def _check_args(args: Mapping[str, Any], where: str) -> None:
@@ -624,13 +626,13 @@ def _check_args(args: Mapping[str, Any], where: str) -> None:
 def clients_for(
     pool: MemoryPool, agent_ids: Iterable[str], **options: Any
 ) -> dict[str, AgentMemChatCompletionClient]:
-    """One client per agent over one pool: ``{agent_id: client}``.
+    """One client per agent over one pool: `{agent_id: client}`.
 
     Args:
         pool: the shared pool.
-        agent_ids: distinct ids (give a ``SelectorGroupChat``'s selector one of its own).
-        **options: keyword arguments for every client (``max_tokens``, ``temperature``,
-            ``create_args``, ...).
+        agent_ids: distinct ids (give a `SelectorGroupChat`'s selector one of its own).
+        **options: keyword arguments for every client (`max_tokens`, `temperature`,
+            `create_args`, ...).
 
     >>> clients = clients_for(pool, ["pm", "engineer", "selector"], max_tokens=96)  # doctest: +SKIP
     """

@@ -1,12 +1,15 @@
-"""AutoGen ``LLMMessage`` objects ↔ agentmem chat messages, tool prompts and tool-call parsing.
+"""AutoGen `LLMMessage` objects ↔ agentmem chat messages; tools and tool calls in AutoGen's types.
 
-* :func:`to_agentmem_messages` — every ``LLMMessage`` type, including an
-  ``AssistantMessage`` carrying ``FunctionCall``\\ s and a
-  ``FunctionExecutionResultMessage`` (one ``tool`` message per result).
-* :func:`tool_schemas` / :func:`tools_prompt` — ``Tool``/``ToolSchema`` → schemas and
-  the system-prompt block that tells the model how to call them (the same JSON the
-  prompt renders past calls in).
-* :func:`parse_tool_calls` / :func:`looks_like_tool_call` — find a tool call in text.
+* `to_agentmem_messages`: every `LLMMessage` type, including an `AssistantMessage`
+  carrying `FunctionCall`s and a `FunctionExecutionResultMessage` (one `tool` message
+  per result).
+* `tool_schemas`: `Tool`/`ToolSchema` → the plain schema dicts `agentmem.tools` takes.
+* `parse_tool_calls`: a tool call found in text (`agentmem.tools.find_tool_calls`) as
+  `FunctionCall`s.
+* `candidate_names`: the speaker names a `SelectorGroupChat` selection prompt offers.
+
+The tools prompt, the grammars and the call format are agentmem's one tool-call
+protocol, `agentmem.tools`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import ast
 import json
 import logging
 import re
-import uuid
 from typing import Any, Mapping, Sequence
 
 from autogen_core import FunctionCall, Image
@@ -29,20 +31,11 @@ from autogen_core.models import (
 from autogen_core.tools import Tool, ToolSchema
 
 from agentmem.errors import MessageError
+from agentmem.tools import find_tool_calls, new_call_id
 
-__all__ = [
-    "candidate_names",
-    "looks_like_tool_call",
-    "parse_tool_calls",
-    "to_agentmem_messages",
-    "tool_schemas",
-    "tools_prompt",
-    "with_tools",
-]
+__all__ = ["candidate_names", "parse_tool_calls", "to_agentmem_messages", "tool_schemas"]
 
 logger = logging.getLogger(__name__)
-
-TOOL_CALL_FORMAT = '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}'
 
 
 def _text_parts(content: Any, where: str) -> str:
@@ -64,8 +57,8 @@ def _text_parts(content: Any, where: str) -> str:
 def to_agentmem_messages(messages: Sequence[LLMMessage]) -> list[dict[str, Any]]:
     """Convert AutoGen messages to agentmem message dicts.
 
-    ``UserMessage.source`` becomes the user message's ``name`` (rendered
-    ``"source: content"``) so the model sees who said what in a team chat.
+    `UserMessage.source` becomes the user message's `name` (rendered
+    `"source: content"`) so the model sees who said what in a team chat.
 
     Raises:
         MessageError: an unsupported message or content part (named by index).
@@ -99,7 +92,11 @@ def to_agentmem_messages(messages: Sequence[LLMMessage]) -> list[dict[str, Any]]
 
 
 def tool_schemas(tools: Sequence[Tool | ToolSchema]) -> list[dict[str, Any]]:
-    """``Tool`` objects or ``ToolSchema`` dicts → plain schema dicts (names checked unique)."""
+    """`Tool` objects or `ToolSchema` dicts → plain schema dicts (names checked unique).
+
+    Raises:
+        ValueError: a tool without a name, or two tools of one name.
+    """
     out: list[dict[str, Any]] = []
     for t in tools:
         schema = t.schema if isinstance(t, Tool) else t
@@ -113,109 +110,31 @@ def tool_schemas(tools: Sequence[Tool | ToolSchema]) -> list[dict[str, Any]]:
     return out
 
 
-def _compact_params(params: Mapping[str, Any] | None) -> Any:
-    def strip(x: Any) -> Any:
-        if isinstance(x, Mapping):
-            return {k: strip(v) for k, v in x.items() if k not in ("title", "additionalProperties")}
-        if isinstance(x, list):
-            return [strip(v) for v in x]
-        return x
-
-    return strip(params or {"type": "object", "properties": {}})
-
-
-def tools_prompt(schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The block appended to the system prompt that lists the tools and the call format."""
-    lines = ["You can call these tools:"]
-    for s in schemas:
-        desc = (s.get("description") or "").strip()
-        params = json.dumps(_compact_params(s.get("parameters")), ensure_ascii=False)
-        about = f"{desc} Arguments" if desc else "arguments"
-        lines.append(f"- {s['name']}: {about} (JSON schema): {params}")
-    lines.append(f"To call a tool, reply with only this JSON: {TOOL_CALL_FORMAT}")
-    return "\n".join(lines)
-
-
-def with_tools(messages: list[dict[str, Any]], block: str | None) -> list[dict[str, Any]]:
-    """Put the tools block at the end of the first system message (or in a new one)."""
-    if not block:
-        return messages
-    if messages and messages[0]["role"] == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first['content']}\n\n{block}" if first["content"] else block
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
-
-
-def _new_id() -> str:
-    return "call_" + uuid.uuid4().hex[:12]
-
-
-def _as_calls(obj: Any, names: set[str]) -> list[FunctionCall] | None:
-    """``{"tool_calls": [...]}`` or one bare ``{"name", "arguments"}`` → FunctionCalls (None if not one)."""
-    if isinstance(obj, Mapping) and isinstance(obj.get("tool_calls"), list):
-        items = obj["tool_calls"]
-    elif isinstance(obj, Mapping) and set(obj) == {"name", "arguments"}:
-        items = [obj]
-    else:
-        return None
-    calls: list[FunctionCall] = []
-    for it in items:
-        if not isinstance(it, Mapping) or it.get("name") not in names:
-            return None
-        args = it.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, Mapping):
-            return None
-        calls.append(FunctionCall(id=_new_id(), name=it["name"], arguments=json.dumps(args, ensure_ascii=False)))
-    return calls or None
-
-
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[list[FunctionCall], str] | None:
-    """Find a tool call in ``text``: ``(calls, text_before_it)``, or ``None``.
+    """Find a tool call in `text`: `(calls, text_before_it)`, or `None`.
 
-    Accepts the prompt's format ``{"tool_calls": [...]}`` and a bare
-    ``{"name": ..., "arguments": {...}}``, possibly inside a code fence. Only
-    tools in ``names`` count.
+    Accepts the prompt's format `{"tool_calls": [...]}` and a bare
+    `{"name": ..., "arguments": {...}}`, possibly inside a code fence. Only
+    tools in `names` count.
     """
-    known = set(names)
-    dec = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            obj, _end = dec.raw_decode(text, start)
-        except json.JSONDecodeError:
-            obj = None
-        calls = _as_calls(obj, known) if obj is not None else None
-        if calls:
-            before = text[:start].strip()
-            if before.endswith("```json") or before.endswith("```"):
-                before = before.rsplit("```", 1)[0].strip()
-            return calls, before
-        start = text.find("{", start + 1)
-    return None
+    found = find_tool_calls(text, names)
+    if found is None:
+        return None
+    calls, before = found
+    return [
+        FunctionCall(id=new_call_id(), name=c.name or "", arguments=json.dumps(c.arguments, ensure_ascii=False))
+        for c in calls
+    ], before
 
 
-def looks_like_tool_call(text: str, names: Sequence[str]) -> bool:
-    """Did the model try to call a tool (maybe with broken JSON)?"""
-    t = text.lstrip()
-    if '"tool_calls"' in t or "'tool_calls'" in t:
-        return True
-    return (t.startswith("{") or t.startswith("```")) and any(f'"{n}"' in t for n in names)
-
-
-# A Python list of quoted names as ``str(list_of_names)`` writes it: ['pm', 'engineer']
+# A Python list of quoted names as `str(list_of_names)` writes it: ['pm', 'engineer']
 _NAME_LIST_RE = re.compile(r"\['[^'\n]+'(?:, '[^'\n]+')*\]")
 
 
 def candidate_names(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The speaker names a ``SelectorGroupChat`` selection prompt offers (``[]`` if none).
+    """The speaker names a `SelectorGroupChat` selection prompt offers (`[]` if none).
 
-    AgentChat formats its candidates with ``str(list)`` into the prompt; the last such
+    AgentChat formats its candidates with `str(list)` into the prompt; the last such
     list in the last user message is the one the model must choose from.
     """
     for m in reversed(messages):

@@ -4,12 +4,15 @@
 >>> coder = ChatAgentMem(agent_id="coder")               # loads nothing yet
 >>> coder.invoke("Write a haiku.").usage_metadata        # doctest: +SKIP
 
-* :class:`ChatAgentMem` — ``BaseChatModel`` (tools, structured output, streaming, async).
-* :class:`AgentMemLLM` — ``BaseLLM`` for prompt-string chains.
-* :func:`shared_pool` / :func:`close_shared_pools` — the process-wide pools that
-  objects built without ``pool=`` share.
+* `ChatAgentMem`: `BaseChatModel` (tools, structured output, streaming, async).
+* `AgentMemLLM`: `BaseLLM` for prompt-string chains.
+* `shared_pool` / `close_shared_pools`: the process-wide pools that objects built
+  without `pool=` share (`agentmem.tools.registry`, shared with the AutoGen client).
 
-Installed by the ``langchain`` extra: ``pip install 'agentmem[langchain]'``.
+Tool prompts, grammars and call parsing are agentmem's one protocol, `agentmem.tools`;
+this package only adapts it to LangChain's types.
+
+Installed by the `langchain` extra: `pip install 'agentmem[langchain]'`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ except ImportError as exc:  # pragma: no cover - exercised by a test with langch
         "agentmem_langchain needs LangChain (langchain-core); install it with: pip install 'agentmem[langchain]'"
     ) from exc
 
-from ._pools import close_shared_pools, shared_pool
+from agentmem.tools import close_shared_pools
+
+from ._common import shared_pool
 from .chat_models import ChatAgentMem
 from .llms import AgentMemLLM
 

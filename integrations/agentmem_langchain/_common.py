@@ -14,16 +14,42 @@ from langchain_core.runnables.config import ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_model_path
+from agentmem import tools as _tools
 
-from ._pools import shared_pool
+__all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "shared_pool", "timings_dict", "usage_dict"]
 
-__all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "timings_dict", "usage_dict"]
-
-#: Per-call keyword arguments that map straight to :meth:`MemoryPool.chat` sampling options.
+#: Per-call keyword arguments that map straight to `MemoryPool.chat` sampling options.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 
 _locks: weakref.WeakKeyDictionary[MemoryPool, dict[str, threading.Lock]] = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
+
+
+def shared_pool(model_path: str | None = None, **options: Any) -> MemoryPool:
+    """The process-wide `MemoryPool` for `model_path` and `options`.
+
+    Every `ChatAgentMem` or `AgentMemLLM` built without an explicit `pool` asks for
+    this. The first call for a combination loads the model (about half a second for
+    the default model); later calls, from any object and any agent, get the same pool,
+    as do AutoGen clients of the same configuration (`agentmem.tools.registry`). It
+    stays open until `close_shared_pools()` or exit; a pool that was closed meanwhile
+    is replaced by a new one. Building the LangChain objects themselves loads nothing.
+
+    Args:
+        model_path: GGUF file; `None` = `AGENTMEM_MODEL` or the bundled default model.
+        **options: `PoolConfig` fields (`n_ctx`, `resident_agents`...).
+
+    Raises:
+        ConfigError: an unknown or invalid option.
+        ModelNotFoundError: no model at `model_path` (or no default model installed).
+    """
+    if model_path is not None:
+        options = {**options, "model_path": str(model_path)}
+    return _tools.shared_pool(PoolConfig.build(**options), _open_pool)
+
+
+def _open_pool(config: PoolConfig) -> MemoryPool:
+    return MemoryPool(config=config)
 
 
 def _lock_for(pool: MemoryPool, agent_id: str) -> threading.Lock:
@@ -36,7 +62,7 @@ def _lock_for(pool: MemoryPool, agent_id: str) -> threading.Lock:
 def agent_lock(pool: MemoryPool, agent_id: str) -> Iterator[None]:
     """One call at a time per agent.
 
-    Two overlapping calls for the same agent (``batch`` runs inputs in threads)
+    Two overlapping calls for the same agent (`batch` runs inputs in threads)
     would both extend the same llama.cpp sequence; they are serialized here.
     Calls for different agents still overlap freely.
     """
@@ -47,7 +73,7 @@ def agent_lock(pool: MemoryPool, agent_id: str) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def async_agent_lock(pool: MemoryPool, agent_id: str) -> AsyncIterator[None]:
-    """:func:`agent_lock` for coroutines: waits without blocking the event loop.
+    """`agent_lock` for coroutines: waits without blocking the event loop.
 
     Polls instead of acquiring in a worker thread so that a cancelled waiter can
     never end up holding the lock.
@@ -64,7 +90,7 @@ async def async_agent_lock(pool: MemoryPool, agent_id: str) -> AsyncIterator[Non
 
 
 def usage_dict(results: list[ChatResult]) -> dict[str, Any]:
-    """LangChain ``UsageMetadata`` summed over the pool calls that made one reply."""
+    """LangChain `UsageMetadata` summed over the pool calls that made one reply."""
     prompt = sum(r.usage.prompt_tokens for r in results)
     cached = sum(r.usage.cached_tokens for r in results)
     completion = sum(r.usage.completion_tokens for r in results)
@@ -82,57 +108,57 @@ def timings_dict(result: ChatResult) -> dict[str, float]:
 
 
 class AgentMemFields(BaseModel):
-    """Fields and helpers shared by :class:`ChatAgentMem` and :class:`AgentMemLLM`."""
+    """Fields and helpers shared by `ChatAgentMem` and `AgentMemLLM`."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     pool: MemoryPool | None = Field(default=None, exclude=True)
-    """The :class:`~agentmem.MemoryPool` to run on. Several model objects (one per
-    agent) can share one pool. ``None``: a process-wide pool for ``model_path`` and
-    ``pool_options``, created on first use (constructing this object loads nothing)."""
+    """The `agentmem.MemoryPool` to run on. Several model objects (one per
+    agent) can share one pool. `None`: a process-wide pool for `model_path` and
+    `pool_options`, created on first use (constructing this object loads nothing)."""
 
     model_path: str | None = None
-    """GGUF file of the shared pool (ignored when ``pool`` is given); ``None`` =
-    ``AGENTMEM_MODEL`` or the bundled default model (Gemma 3 270M)."""
+    """GGUF file of the shared pool (ignored when `pool` is given); `None` =
+    `AGENTMEM_MODEL` or the bundled default model (Gemma 3 270M)."""
 
     pool_options: dict[str, Any] = Field(default_factory=dict)
-    """:class:`~agentmem.PoolConfig` fields for the shared pool (``n_ctx``,
-    ``resident_agents``, ...). Objects with equal ``model_path`` and
-    ``pool_options`` share one pool."""
+    """`agentmem.PoolConfig` fields for the shared pool (`n_ctx`,
+    `resident_agents`, ...). Objects with equal `model_path` and
+    `pool_options` share one pool."""
 
     agent_id: str = "default"
-    """Whose memory a call continues. Override per call with ``agent_id=...`` or
-    ``config={"configurable": {"agent_id": ...}}``."""
+    """Whose memory a call continues. Override per call with `agent_id=...` or
+    `config={"configurable": {"agent_id": ...}}`."""
 
     model_name: str | None = None
     """Name reported in metadata; default: the model file's stem."""
 
     temperature: float = 0.0
-    """Sampling temperature; ``0`` = greedy (deterministic)."""
+    """Sampling temperature; `0` = greedy (deterministic)."""
 
     max_tokens: int = 256
     """Tokens to generate at most per call."""
 
     top_k: int | None = None
-    """Keep the k most likely tokens (pool default when ``None``)."""
+    """Keep the k most likely tokens (pool default when `None`)."""
 
     top_p: float | None = None
-    """Nucleus sampling mass (pool default when ``None``)."""
+    """Nucleus sampling mass (pool default when `None`)."""
 
     min_p: float | None = None
-    """Drop tokens below ``min_p`` × the top probability (pool default when ``None``)."""
+    """Drop tokens below `min_p` × the top probability (pool default when `None`)."""
 
     repeat_penalty: float | None = None
-    """Penalty for recently generated tokens (``1.0`` = off)."""
+    """Penalty for recently generated tokens (`1.0` = off)."""
 
     seed: int | None = None
-    """Seed of the random draw when ``temperature > 0`` (pool default when ``None``)."""
+    """Seed of the random draw when `temperature > 0` (pool default when `None`)."""
 
     stop: list[str] | None = None
     """Stop strings; generation ends before any of them (they are not returned)."""
 
     streaming: bool = False
-    """Generate through the streaming path even on ``invoke`` (callbacks get tokens)."""
+    """Generate through the streaming path even on `invoke` (callbacks get tokens)."""
 
     _model_name: str | None = PrivateAttr(default=None)
 
@@ -166,7 +192,7 @@ class AgentMemFields(BaseModel):
         return shared_pool(self.model_path, **self.pool_options)
 
     def resolved_model_name(self) -> str:
-        """``model_name``, else the model file's stem (``gemma-3-270m-q4_k_m``)."""
+        """`model_name`, else the model file's stem (`gemma-3-270m-q4_k_m`)."""
         if self.model_name:
             return self.model_name
         if self._model_name is None:
@@ -218,7 +244,7 @@ class AgentMemFields(BaseModel):
         return params
 
     # ------------------------------------------------------------------ agent from config
-    # ``config["configurable"]["agent_id"]`` picks the agent of one call (LangGraph-style).
+    # `config["configurable"]["agent_id"]` picks the agent of one call (LangGraph-style).
     def invoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
         return super().invoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
 
@@ -233,7 +259,7 @@ class AgentMemFields(BaseModel):
 
     @staticmethod
     def _with_config_agent(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Take ``agent_id`` from ``config["configurable"]`` unless given as a kwarg."""
+        """Take `agent_id` from `config["configurable"]` unless given as a kwarg."""
         if "agent_id" in kwargs:
             return kwargs
         cfg = ensure_config(config)

@@ -20,11 +20,20 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from agentmem import ChatResult as PoolResult
+from agentmem.tools import (
+    JSON_OBJECT_GRAMMAR,
+    json_prompt,
+    opens_tool_call,
+    schema_grammar,
+    split_forced_prefix,
+    tool_call_grammar,
+    tools_prompt,
+    with_system_block,
+)
 
 from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
-from ._grammar import json_object_grammar, schema_grammar, split_forced_prefix, tool_call_grammar
 from ._messages import to_pool_messages
-from ._tools import TOOL_CALL_OPEN, ToolSpec, _clean_schema, normalize_tool_choice, normalize_tools, parse_tool_calls, tools_instruction
+from ._tools import ToolSpec, normalize_tool_choice, normalize_tools, parse_tool_calls
 
 __all__ = ["ChatAgentMem"]
 
@@ -55,15 +64,15 @@ def _tool_grammar(tools_json: str, only: str | None, parallel: bool) -> tuple[st
 
 @functools.lru_cache(maxsize=256)
 def _json_grammar(schema_json: str | None) -> tuple[str, str]:
-    grammar = json_object_grammar() if schema_json is None else schema_grammar(json.loads(schema_json))
+    grammar = JSON_OBJECT_GRAMMAR if schema_json is None else schema_grammar(json.loads(schema_json))
     return split_forced_prefix(grammar)
 
 
 def _response_schema(response_format: Any) -> dict[str, Any] | None:
-    """``response_format`` → a JSON schema, or ``None`` for "any JSON object".
+    """`response_format` → a JSON schema, or `None` for "any JSON object".
 
-    Accepts ``{"type": "json_object"}``, OpenAI's
-    ``{"type": "json_schema", "json_schema": {"schema": ...}}``, a JSON schema
+    Accepts `{"type": "json_object"}`, OpenAI's
+    `{"type": "json_schema", "json_schema": {"schema": ...}}`, a JSON schema
     dict, a pydantic class or a TypedDict.
     """
     if isinstance(response_format, dict):
@@ -106,7 +115,7 @@ class _Reply:
 
 
 def _read(call: _Call, text: str) -> _Reply:
-    """Interpret the generated ``text`` of ``call``."""
+    """Interpret the generated `text` of `call`."""
     full = call.prefix + text
     if call.mode in ("text", "json"):
         return _Reply(content=full)
@@ -129,8 +138,8 @@ class _Holder:
     """Decides, while streaming, which text may be shown now.
 
     Text replies stream as they come. A forced tool call is held to the end (it
-    arrives as tool-call chunks). In ``auto`` mode the start of a reply is held
-    while it could still be a tool call (``{"tool_calls"``...).
+    arrives as tool-call chunks). In `auto` mode the start of a reply is held
+    while it could still be a tool call (`{"tool_calls"`...).
     """
 
     def __init__(self, call: _Call) -> None:
@@ -143,10 +152,10 @@ class _Holder:
             return piece
         self.held += piece
         if self.decided is None:
-            s = self.held.lstrip()
-            if s.startswith(TOOL_CALL_OPEN):
+            opens = opens_tool_call(self.held)
+            if opens:
                 self.decided = "tool"
-            elif s and not TOOL_CALL_OPEN.startswith(s):
+            elif opens is False:
                 self.decided = "text"
                 out, self.held = self.held, ""
                 return out
@@ -160,78 +169,78 @@ class _Holder:
 
 
 class ChatAgentMem(AgentMemFields, BaseChatModel):
-    """LangChain chat model on an agentmem :class:`~agentmem.MemoryPool`.
+    """LangChain chat model on an agentmem `agentmem.MemoryPool`.
 
-    Every agent (``agent_id``) keeps its llama.cpp KV state between calls — live,
+    Every agent (`agent_id`) keeps its llama.cpp KV state between calls — live,
     or parked in RAM while other agents run — so a multi-agent app that switches
     agents pays a restore (milliseconds) instead of re-reading the agent's whole
     history. Calls send the whole history as usual; only what the agent's KV
-    does not hold yet is decoded (``usage_metadata["input_token_details"]["cache_read"]``
+    does not hold yet is decoded (`usage_metadata["input_token_details"]["cache_read"]`
     counts the rest).
 
     Setup:
-        .. code-block:: bash
-
-            pip install 'agentmem[langchain,model]'
+        ```bash
+        pip install 'agentmem[langchain,model]'
+        ```
 
     Instantiate (nothing is loaded until the first call):
-        .. code-block:: python
+        ```python
+        from agentmem import MemoryPool
+        from agentmem_langchain import ChatAgentMem
 
-            from agentmem import MemoryPool
-            from agentmem_langchain import ChatAgentMem
-
-            pool = MemoryPool(n_ctx=4096, resident_agents=2)
-            planner = ChatAgentMem(pool=pool, agent_id="planner", max_tokens=64)
-            writer = ChatAgentMem(pool=pool, agent_id="writer", max_tokens=128)
-            # or: ChatAgentMem(agent_id="planner")  -> a shared pool on the default model
+        pool = MemoryPool(n_ctx=4096, resident_agents=2)
+        planner = ChatAgentMem(pool=pool, agent_id="planner", max_tokens=64)
+        writer = ChatAgentMem(pool=pool, agent_id="writer", max_tokens=128)
+        # or: ChatAgentMem(agent_id="planner")  -> a shared pool on the default model
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            msg = planner.invoke([("system", "You plan."), ("human", "Plan a picnic.")])
-            msg.usage_metadata
-            # {'input_tokens': 19, 'output_tokens': 64, 'total_tokens': 83,
-            #  'input_token_details': {'cache_read': 0}}
-            msg.response_metadata["kv"], msg.response_metadata["timings"]["ttft_s"]
-            # ('prefilled', 0.05)
+        ```python
+        msg = planner.invoke([("system", "You plan."), ("human", "Plan a picnic.")])
+        msg.usage_metadata
+        # {'input_tokens': 19, 'output_tokens': 64, 'total_tokens': 83,
+        #  'input_token_details': {'cache_read': 0}}
+        msg.response_metadata["kv"], msg.response_metadata["timings"]["ttft_s"]
+        # ('prefilled', 0.05)
+        ```
 
     Agent per call:
-        .. code-block:: python
-
-            model = ChatAgentMem(pool=pool)
-            model.invoke("Hi", agent_id="coder")
-            model.with_config(configurable={"agent_id": "reviewer"}).invoke("Hi")
+        ```python
+        model = ChatAgentMem(pool=pool)
+        model.invoke("Hi", agent_id="coder")
+        model.with_config(configurable={"agent_id": "reviewer"}).invoke("Hi")
+        ```
 
     Stream (usage arrives on the last chunk):
-        .. code-block:: python
-
-            pieces = [chunk.content for chunk in writer.stream("Write a haiku.")]
-            # the last chunk carries usage_metadata (input/output tokens, cache_read)
+        ```python
+        pieces = [chunk.content for chunk in writer.stream("Write a haiku.")]
+        # the last chunk carries usage_metadata (input/output tokens, cache_read)
+        ```
 
     Tools (calls are grammar-constrained when forced, so they always parse):
-        .. code-block:: python
+        ```python
+        def get_weather(city: str) -> str:
+            "Weather of a city."
+            ...
 
-            def get_weather(city: str) -> str:
-                "Weather of a city."
-                ...
+        ai = planner.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?")
+        ai.tool_calls
+        # [{'name': 'get_weather', 'args': {'city': 'Paris'}, 'id': 'call_…', 'type': 'tool_call'}]
+        ```
 
-            ai = planner.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?")
-            ai.tool_calls
-            # [{'name': 'get_weather', 'args': {'city': 'Paris'}, 'id': 'call_…', 'type': 'tool_call'}]
+    Structured output (`json_schema` by default; also `function_calling` and `json_mode`):
+        ```python
+        from pydantic import BaseModel
 
-    Structured output (``json_schema`` by default; also ``function_calling`` and ``json_mode``):
-        .. code-block:: python
+        class Joke(BaseModel):
+            setup: str
+            punchline: str
 
-            from pydantic import BaseModel
+        writer.with_structured_output(Joke).invoke("A joke about cats.")
+        # Joke(setup='…', punchline='…')
+        ```
 
-            class Joke(BaseModel):
-                setup: str
-                punchline: str
-
-            writer.with_structured_output(Joke).invoke("A joke about cats.")
-            # Joke(setup='…', punchline='…')
-
-    Async: ``ainvoke``/``astream``/``abatch`` run through the pool's async API.
+    Async: `ainvoke`/`astream`/`abatch` run through the pool's async API.
     """
 
     # ------------------------------------------------------------------ identity
@@ -245,7 +254,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             params["ls_stop"] = self.stop
         return params
 
-    # invoke / ainvoke / stream / astream take ``agent_id`` from the run config (AgentMemFields)
+    # invoke / ainvoke / stream / astream take `agent_id` from the run config (AgentMemFields)
 
     # ------------------------------------------------------------------ tools and structure
     def bind_tools(
@@ -261,9 +270,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
 
         Args:
             tools: LangChain tools, functions, pydantic classes or OpenAI tool dicts.
-            tool_choice: ``"auto"`` (default: the model decides), ``"none"``,
-                ``"any"``/``"required"``/``True`` (some tool must be called), a tool
-                name, or ``{"type": "function", "function": {"name": ...}}``.
+            tool_choice: `"auto"` (default: the model decides), `"none"`,
+                `"any"`/`"required"`/`True` (some tool must be called), a tool
+                name, or `{"type": "function", "function": {"name": ...}}`.
                 Forced calls are decoded under a grammar built from the tools'
                 JSON schemas, so they always parse and match the schema.
             parallel_tool_calls: allow several calls in one forced reply (default:
@@ -288,17 +297,17 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
-        """Return replies parsed into ``schema`` (pydantic class, TypedDict or JSON schema).
+        """Return replies parsed into `schema` (pydantic class, TypedDict or JSON schema).
 
         Args:
-            schema: the output schema (may be ``None`` only with ``json_mode``).
-            method: ``"json_schema"`` (default; the reply is JSON decoded under a
-                grammar built from the schema), ``"function_calling"`` (a forced
-                call of a tool named after the schema) or ``"json_mode"`` (any JSON
+            schema: the output schema (may be `None` only with `json_mode`).
+            method: `"json_schema"` (default; the reply is JSON decoded under a
+                grammar built from the schema), `"function_calling"` (a forced
+                call of a tool named after the schema) or `"json_mode"` (any JSON
                 object; the prompt must describe the keys).
-            include_raw: return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``.
-            strict: accepted for compatibility; ``json_schema`` and
-                ``function_calling`` outputs always follow the schema exactly.
+            include_raw: return `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
+            strict: accepted for compatibility; `json_schema` and
+                `function_calling` outputs always follow the schema exactly.
         """
         del strict
         if kwargs:
@@ -361,7 +370,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             specs = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters") or {}) for t in tools]
             names = tuple(s.name for s in specs)
             choice = normalize_tool_choice(choice, names)
-            msgs = _add_system_block(msgs, tools_instruction(specs))
+            msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
             parallel = bool(kwargs.get("parallel_tool_calls", False))
             tools_json = json.dumps([s.as_dict() for s in specs])
 
@@ -378,13 +387,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             # "none": tools stay described (same prompt prefix, same kept KV) but are not called
         if response_format is not None and not (tools and choice != "none"):
             schema = _response_schema(response_format)
-            if schema is None:
-                block = "Reply with only a JSON object."
-            else:
-                block = "Reply with only a JSON object that matches this JSON schema: " + json.dumps(
-                    _clean_schema(schema), ensure_ascii=False
-                )
-            msgs = _add_system_block(msgs, block)
+            msgs = with_system_block(msgs, json_prompt(schema))
             prefix, g = _json_grammar(None if schema is None else json.dumps(schema))
             return _Call(agent, msgs, {**sampling, "grammar": g}, "json", prefix)
         return _Call(agent, msgs, sampling)
@@ -545,13 +548,4 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
         yield self._final_chunk(call, reply, results, holder.rest(reply))
-
-
-def _add_system_block(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
-    """Append ``block`` to the leading system message (or add one), keeping the prefix stable."""
-    if messages and messages[0]["role"] == "system":
-        head = messages[0]
-        text = f"{head['content']}\n\n{block}" if head["content"] else block
-        return [{**head, "content": text}, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
 

@@ -35,12 +35,8 @@ from pydantic import BaseModel  # noqa: E402
 import agentmem_autogen  # noqa: E402
 from agentmem import MemoryPool, MessageError  # noqa: E402
 from agentmem_autogen import AgentMemChatCompletionClient, choice_grammar, clients_for  # noqa: E402
-from agentmem_autogen._messages import (  # noqa: E402
-    candidate_names,
-    looks_like_tool_call,
-    parse_tool_calls,
-    to_agentmem_messages,
-)
+from agentmem.tools import looks_like_tool_call  # noqa: E402
+from agentmem_autogen._messages import candidate_names, parse_tool_calls, to_agentmem_messages  # noqa: E402
 
 
 def set_flag(on: bool) -> str:

@@ -14,7 +14,7 @@ pytest.importorskip("autogen_core")
 
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.engine.chat_format import ToolCall, tool_calls_text  # noqa: E402
-from agentmem_autogen._grammar import (  # noqa: E402
+from agentmem.tools import (  # noqa: E402
     JSON_OBJECT_GRAMMAR,
     call_or_document_grammar,
     choice_grammar,

@@ -37,7 +37,7 @@ from agentmem import MemoryPool  # noqa: E402
 from agentmem.engine.chat_format import ToolCall as PoolToolCall  # noqa: E402
 from agentmem.engine.chat_format import tool_calls_text  # noqa: E402
 from agentmem_langchain import AgentMemLLM, ChatAgentMem, close_shared_pools, shared_pool  # noqa: E402
-from agentmem_langchain._grammar import integer_range, schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
+from agentmem.tools import integer_range, schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
 from agentmem_langchain._messages import to_pool_messages  # noqa: E402
 from agentmem_langchain._tools import normalize_tool_choice, parse_tool_calls  # noqa: E402
 from agentmem_langchain.chat_models import _Call, _Holder, _read  # noqa: E402

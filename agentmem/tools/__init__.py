@@ -1,0 +1,75 @@
+"""The one tool-call protocol every integration speaks to the model.
+
+`prompt.py` writes the instructions a model gets about tools and JSON replies, one text
+for every framework.
+`grammar.py` turns JSON schemas and tool lists into canonically spaced GBNF grammars on
+llama-cpp-python's public converter, and splits off the text a grammar forces.
+`parse.py` reads the `{"tool_calls": [...]}` envelope (strictly, or leniently out of free
+text) and tells a stream when to hold a reply back.
+`registry.py` keeps one shared pool per configuration in the process, closed by its last
+holder or at exit.
+
+No agent framework is imported here; `agentmem_langchain` and `agentmem_autogen` adapt
+these to their own message and tool types.
+"""
+
+from __future__ import annotations
+
+from .grammar import (
+    JSON_OBJECT_GRAMMAR,
+    call_or_document_grammar,
+    choice_grammar,
+    clean_schema,
+    closed_parameters,
+    integer_range,
+    schema_grammar,
+    split_forced_prefix,
+    tool_call_continuation,
+    tool_call_grammar,
+)
+from .parse import (
+    TOOL_CALL_OPEN,
+    ParsedCall,
+    find_tool_calls,
+    looks_like_tool_call,
+    new_call_id,
+    opens_tool_call,
+    parse_envelope,
+    text_before_json,
+)
+from .prompt import TOOL_CALL_FORMAT, json_prompt, prompt_schema, tools_prompt, with_system_block
+from .registry import PoolFactory, SharedPool, acquire, close_shared_pools, pool_key, register, release, shared_pool
+
+__all__ = [
+    "JSON_OBJECT_GRAMMAR",
+    "TOOL_CALL_FORMAT",
+    "TOOL_CALL_OPEN",
+    "ParsedCall",
+    "PoolFactory",
+    "SharedPool",
+    "acquire",
+    "call_or_document_grammar",
+    "choice_grammar",
+    "clean_schema",
+    "close_shared_pools",
+    "closed_parameters",
+    "find_tool_calls",
+    "integer_range",
+    "json_prompt",
+    "looks_like_tool_call",
+    "new_call_id",
+    "opens_tool_call",
+    "parse_envelope",
+    "pool_key",
+    "prompt_schema",
+    "register",
+    "release",
+    "schema_grammar",
+    "shared_pool",
+    "split_forced_prefix",
+    "text_before_json",
+    "tool_call_continuation",
+    "tool_call_grammar",
+    "tools_prompt",
+    "with_system_block",
+]

@@ -1,0 +1,460 @@
+"""JSON schemas and tool lists → llama.cpp GBNF grammars that emit canonical JSON.
+
+agentmem renders past tool calls into the prompt as
+`{"tool_calls": [{"name": "...", "arguments": {...}}]}` with the `json.dumps`
+separators `", "` and `": "` (see `agentmem.engine.chat_format.tool_calls_text`).
+The grammars built here make the model emit exactly that form, so a tool call the
+model made and the same call rendered back into the next prompt are the same text,
+and the agent's kept KV stays a prefix of its next prompt.
+
+The JSON-schema conversion is llama-cpp-python's public `json_schema_to_gbnf` (a port
+of llama.cpp's `json_schema_to_grammar`). Its output is rewritten so that whitespace is
+fixed (no optional spaces), strings cannot hold raw control characters (which
+`json.loads` rejects) and integer `minimum`/`maximum` bounds are kept (the converter
+ignores them: bounded integers go through it as placeholder constants whose literal is
+then replaced by an exact range, see `integer_range`).
+
+Functions:
+    `schema_grammar`: one JSON schema → a grammar for a JSON value.
+    `tool_call_grammar`: the tool-call envelope over a list of tools.
+    `call_or_document_grammar`: a tool call or a JSON document (tools + structured output).
+    `split_forced_prefix` / `tool_call_continuation`: the text a grammar forces at its
+        start, to be put in the prompt (prefilled in one batch) instead of generated.
+    `choice_grammar`: exactly one of some strings.
+    `clean_schema` / `closed_parameters`: schema cleaning for prompts and grammars.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from agentmem.errors import ConfigError
+
+__all__ = [
+    "JSON_OBJECT_GRAMMAR",
+    "call_or_document_grammar",
+    "choice_grammar",
+    "clean_schema",
+    "closed_parameters",
+    "integer_range",
+    "schema_grammar",
+    "split_forced_prefix",
+    "tool_call_continuation",
+    "tool_call_grammar",
+]
+
+# A JSON string character: anything but a quote, a backslash or a control character,
+# or an escape (the converter's `[^"\\]` allows raw newlines, which json.loads rejects).
+_PLAIN_CHAR = r'[^"\\\x7F\x00-\x1F]'
+_CONVERTER_CHAR = r'[^"\\]'
+
+# A GBNF rule body: literals, character classes, repetition counts, rule names, the rest.
+_TOKEN_RE = re.compile(
+    r'"(?:\\.|[^"\\])*"'
+    r"|\[(?:\\.|[^\]\\])*\]"
+    r"|\{\d+(?:,\d*)?\}"
+    r"|[A-Za-z0-9-]+"
+    r"|\s+"
+    r"|."
+)
+
+
+def _tokens(body: str) -> list[str]:
+    """The tokens of a rule body (a quantifier glued to its operand, `char*`, is a token of its own)."""
+    return [t for t in _TOKEN_RE.findall(body) if not t.isspace()]
+
+
+def _join(tokens: Sequence[str]) -> str:
+    """Tokens as a rule body: one space apart, a quantifier stuck to what it repeats (`char*`)."""
+    out: list[str] = []
+    for t in tokens:
+        if out and (t in ("*", "+", "?") or t.startswith("{")):
+            out[-1] += t
+        else:
+            out.append(t)
+    return " ".join(out)
+
+
+def _literal(text: str) -> str:
+    """A GBNF string literal for `text`."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
+
+
+def _format(rules: Mapping[str, str]) -> str:
+    return "\n".join(f"{name} ::= {body}" for name, body in rules.items()) + "\n"
+
+
+def _parse(grammar: str) -> dict[str, str]:
+    rules: dict[str, str] = {}
+    for line in grammar.splitlines():
+        name, sep, body = line.partition(" ::= ")
+        if sep:
+            rules[name.strip()] = body.strip()
+    return rules
+
+
+# --------------------------------------------------------------------------- schema cleaning
+def clean_schema(schema: Any) -> Any:
+    """`schema` without its `title` strings (noise for the model, irrelevant to a grammar).
+
+    Only a `title` whose value is a string is a title; a property named `title` stays.
+
+    >>> clean_schema({"title": "Pet", "properties": {"title": {"type": "string", "title": "Title"}}})
+    {'properties': {'title': {'type': 'string'}}}
+    """
+    if isinstance(schema, Mapping):
+        return {k: clean_schema(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [clean_schema(v) for v in schema]
+    return schema
+
+
+def closed_parameters(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool's parameter schema as a closed object: no properties beyond the declared ones.
+
+    A tool without parameters (or `{"type": "object"}`) takes exactly `{}`.
+    """
+    p = dict(clean_schema(params or {}))
+    p.setdefault("type", "object")
+    p.setdefault("properties", {})
+    p.setdefault("additionalProperties", False)
+    return p
+
+
+# --------------------------------------------------------------------------- integer ranges
+_MAX_DIGITS = 16  # the converter's integers have up to 16 digits; so do ranges without an upper bound
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _same_length_range(lo: str, hi: str) -> str:
+    """GBNF for the decimal strings of one length from `lo` to `hi` (`lo <= hi`)."""
+    n = len(lo)
+    if n == 1:
+        return f"[{lo}-{hi}]" if lo != hi else _literal(lo)
+    if lo[0] == hi[0]:
+        return f"{_literal(lo[0])} ( {_same_length_range(lo[1:], hi[1:])} )"
+    rest = n - 1
+    if lo[1:] == "0" * rest and hi[1:] == "9" * rest:
+        return f"[{lo[0]}-{hi[0]}]" + " [0-9]" * rest
+    parts = [f"{_literal(lo[0])} ( {_same_length_range(lo[1:], '9' * rest)} )"]
+    if int(hi[0]) - int(lo[0]) > 1:
+        parts.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + " [0-9]" * rest)
+    parts.append(f"{_literal(hi[0])} ( {_same_length_range('0' * rest, hi[1:])} )")
+    return " | ".join(parts)
+
+
+def _nonneg_range(lo: int, hi: int) -> str:
+    """GBNF for the integers `lo..hi` (`0 <= lo <= hi`), without leading zeros."""
+    parts = []
+    for n in range(len(str(lo)), len(str(hi)) + 1):
+        a = max(lo, 10 ** (n - 1) if n > 1 else 0)
+        b = min(hi, 10**n - 1)
+        if a <= b:
+            parts.append(f"( {_same_length_range(str(a), str(b))} )")
+    return " | ".join(parts)
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """GBNF for the integers `lo..hi` (either bound may be `None`: 16 digits at most).
+
+    Raises:
+        ValueError: the range is empty.
+
+    >>> integer_range(-2, 12)
+    '"-" ( ( [1-2] ) ) | ( [0-9] ) | ( "1" ( [0-2] ) )'
+    """
+    big = 10**_MAX_DIGITS - 1
+    lo = -big if lo is None else max(lo, -big)
+    hi = big if hi is None else min(hi, big)
+    if lo > hi:
+        raise ValueError(f"empty integer range: minimum {lo} > maximum {hi}")
+    parts = []
+    if lo < 0:
+        parts.append(f'"-" ( {_nonneg_range(max(1, -hi) if hi < 0 else 1, -lo)} )')
+    if hi >= 0:
+        parts.append(_nonneg_range(max(lo, 0), hi))
+    return " | ".join(parts)
+
+
+def _int_bounds(schema: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """Inclusive bounds of an integer schema (draft 4 boolean and draft 6+ numeric exclusives)."""
+    lo = hi = None
+    if isinstance(schema.get("minimum"), (int, float)):
+        lo = math.ceil(schema["minimum"])
+        if schema.get("exclusiveMinimum") is True and lo == schema["minimum"]:
+            lo += 1
+    if isinstance(schema.get("maximum"), (int, float)):
+        hi = math.floor(schema["maximum"])
+        if schema.get("exclusiveMaximum") is True and hi == schema["maximum"]:
+            hi -= 1
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if isinstance(ex_lo, (int, float)) and not isinstance(ex_lo, bool):
+        v = math.floor(ex_lo) + 1
+        lo = v if lo is None else max(lo, v)
+    if isinstance(ex_hi, (int, float)) and not isinstance(ex_hi, bool):
+        v = math.ceil(ex_hi) - 1
+        hi = v if hi is None else min(hi, v)
+    return lo, hi
+
+
+# Keywords whose value is a subschema, a list of subschemas, or a name -> subschema map.
+_SUB_ONE = ("items", "additionalProperties", "not", "contains", "if", "then", "else", "propertyNames")
+_SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUB_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def _placeholder_ints(schema: Any, ranges: dict[str, str]) -> Any:
+    """`schema` with each bounded integer replaced by a constant; `ranges` maps its literal to a range."""
+    if not isinstance(schema, Mapping):
+        return schema
+    if schema.get("type") == "integer" and any(k in schema for k in _BOUND_KEYS):
+        lo, hi = _int_bounds(schema)
+        if lo is not None or hi is not None:
+            const = f"agentmem-int-range-{len(ranges)}"
+            # the converter writes a constant as the literal of its JSON text
+            ranges['"' + json.dumps(const).replace('"', '\\"') + '"'] = f"( {integer_range(lo, hi)} )"
+            return {"const": const}
+    out = dict(schema)
+    for k in _SUB_ONE:
+        if isinstance(out.get(k), Mapping):
+            out[k] = _placeholder_ints(out[k], ranges)
+    for k in _SUB_LIST:
+        if isinstance(out.get(k), list):
+            out[k] = [_placeholder_ints(v, ranges) for v in out[k]]
+    for k in _SUB_MAP:
+        if isinstance(out.get(k), Mapping):
+            out[k] = {name: _placeholder_ints(v, ranges) for name, v in out[k].items()}
+    return out
+
+
+# --------------------------------------------------------------------------- conversion
+def _respace(body: str, rename: Mapping[str, str], ranges: Mapping[str, str]) -> str:
+    """One converter rule body in canonical spacing, with its rule references renamed.
+
+    `":" space` becomes `": "`, `"," space` becomes `", "` and every other reference to
+    the `space` rule is dropped: the output then has exactly the separators of
+    `json.dumps(..., separators=(", ", ": "))`.
+    """
+    toks = _tokens(body)
+    out: list[str] = []
+    for i, t in enumerate(toks):
+        if t == "space":
+            continue
+        nxt = toks[i + 1] if i + 1 < len(toks) else ""
+        if t == '":"' and nxt == "space":
+            out.append('": "')
+        elif t == '","' and nxt == "space":
+            out.append('", "')
+        elif t == _CONVERTER_CHAR:
+            out.append(_PLAIN_CHAR)
+        else:
+            out.append(ranges.get(t) or rename.get(t, t))
+    return _join(out)
+
+
+def _convert(schema: Mapping[str, Any], prefix: str, what: str, prop_order: Sequence[str] = ()) -> dict[str, str]:
+    """The rules of `schema`, canonically spaced, each name prefixed with `prefix-` (root: `prefix`).
+
+    Raises:
+        ConfigError: the converter cannot express `schema` (the message names `what`).
+    """
+    if not isinstance(schema, Mapping):
+        raise ConfigError(f"{what} must be a JSON schema dict, got {type(schema).__name__}")
+    ranges: dict[str, str] = {}
+    try:
+        raw = json_schema_to_gbnf(json.dumps(_placeholder_ints(schema, ranges)), list(prop_order))
+    except Exception as exc:  # the converter raises bare Exceptions, asserts, KeyErrors
+        try:
+            shown = json.dumps(schema)[:200]
+        except (TypeError, ValueError):
+            shown = repr(schema)[:200]
+        raise ConfigError(
+            f"cannot build a grammar for {what}: cannot turn this JSON schema into GBNF ({exc}): {shown}"
+        ) from exc
+    rules = _parse(raw)
+    rules.pop("space", None)
+    rename = {n: (prefix if n == "root" else f"{prefix}-{n}") if prefix else n for n in rules}
+    return {rename[n]: _respace(body, rename, ranges) for n, body in rules.items()}
+
+
+def schema_grammar(schema: Mapping[str, Any], *, prop_order: Sequence[str] = ()) -> str:
+    """A grammar (rule `root`) for the JSON values matching `schema`, canonically spaced.
+
+    Args:
+        schema: a JSON schema (`$ref` into its own `$defs` is resolved; remote refs are not).
+        prop_order: property names to emit first, in this order.
+
+    Raises:
+        ConfigError: (a `ValueError`) the schema uses something the converter cannot express.
+
+    >>> print(schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    ...                       "required": ["a"]}), end="")
+    a ::= ( ( [0-9] ) | ( [1-9] [0-9] ) )
+    a-kv ::= "\\"a\\"" ": " a
+    root ::= "{" a-kv "}"
+    """
+    return _format(_convert(schema, "", "the JSON schema", prop_order))
+
+
+JSON_OBJECT_GRAMMAR: str = schema_grammar({"type": "object"})
+"""GBNF for one JSON object of any shape, canonically spaced (JSON mode)."""
+
+
+def _call_rules(tools: Sequence[Mapping[str, Any]], parallel: bool, prefix: str) -> tuple[str, dict[str, str]]:
+    """The envelope's rules; returns the name of its root rule and all rules, names prefixed."""
+    if not tools:
+        raise ConfigError("tool_call_grammar needs at least one tool (tools is empty)")
+    rules: dict[str, str] = {}
+    calls: list[str] = []
+    for i, t in enumerate(tools):
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"tools[{i}] needs a non-empty string 'name', got {name!r}")
+        what = f"tools[{i}] ({name!r}) parameters"
+        rules.update(_convert(closed_parameters(t.get("parameters")), f"{prefix}t{i}", what))
+        # The common head '{"name": "' sits in `call` so that it is forced text even
+        # when several tools may be called (see split_forced_prefix).
+        head = json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": '
+        rules[f"{prefix}t{i}-call"] = f"{_literal(head)} {prefix}t{i}"
+        calls.append(f"{prefix}t{i}-call")
+    call = f"{prefix}call"
+    seq = f'{call} ( ", " {call} )*' if parallel else call
+    alts = calls[0] if len(calls) == 1 else "( " + " | ".join(calls) + " )"
+    top = {
+        f"{prefix}root": f"{_literal('{' + chr(34) + 'tool_calls' + chr(34) + ': [')} {seq} {_literal(']}')}",
+        call: f"{_literal('{' + chr(34) + 'name' + chr(34) + ': ' + chr(34))} {alts} {_literal('}')}",
+    }
+    return f"{prefix}root", {**top, **rules}
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> str:
+    """A grammar for `{"tool_calls": [{"name": ..., "arguments": {...}}]}` over `tools`.
+
+    Args:
+        tools: `{"name": str, "parameters": <JSON schema>}` for each callable tool;
+            arguments are closed objects (`closed_parameters`).
+        parallel: allow several calls in one reply (otherwise exactly one).
+
+    Raises:
+        ConfigError: no tools, a tool without a name, or a schema the converter cannot express.
+    """
+    _root, rules = _call_rules(list(tools), parallel, "")
+    return _format(rules)
+
+
+def call_or_document_grammar(
+    tools: Sequence[Mapping[str, Any]], schema: Mapping[str, Any], *, parallel: bool = False
+) -> str:
+    """A grammar for either a tool call over `tools` or a JSON document of `schema`."""
+    call_root, calls = _call_rules(list(tools), parallel, "tc-")
+    doc = _convert(schema, "doc", "the JSON schema")
+    return _format({"root": f"{call_root} | doc", **calls, **doc})
+
+
+# --------------------------------------------------------------------------- forced prefix
+_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
+_SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", "[": "[", "]": "]"}
+
+
+def _unescape(literal: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        e = m.group(1)
+        if e[0] in "xuU" and len(e) > 1:
+            return chr(int(e[1:], 16))
+        if e in _SIMPLE_ESCAPES:
+            return _SIMPLE_ESCAPES[e]
+        raise ValueError(f"unknown escape \\{e}")
+
+    return _ESCAPE_RE.sub(sub, literal[1:-1])
+
+
+def _top_level_alternative(tokens: Sequence[str]) -> bool:
+    depth = 0
+    for t in tokens:
+        if t == "(":
+            depth += 1
+        elif t == ")":
+            depth -= 1
+        elif t == "|" and depth == 0:
+            return True
+    return False
+
+
+def split_forced_prefix(grammar: str, *, keep: Iterable[str] = ()) -> tuple[str, str]:
+    """Split off the text every output of `grammar` starts with.
+
+    Returns `(prefix, rest)`: `prefix` is forced text (it can be put in the prompt as the
+    start of the reply and decoded in one batch instead of one constrained token at a
+    time) and `rest` a grammar for what follows it. Trailing whitespace stays in `rest`
+    (a prompt ending in a space tokenizes badly), and `rest` never becomes empty.
+
+    Args:
+        grammar: a grammar with a `root` rule.
+        keep: rules not to look into (the prefix stops where one of them starts).
+
+    >>> split_forced_prefix(tool_call_grammar([{"name": "f", "parameters": {
+    ...     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}]))[0]
+    '{"tool_calls": [{"name": "f", "arguments": {"x": "'
+    """
+    rules = _parse(grammar)
+    opaque = set(keep)
+    tokens = _tokens(rules["root"])
+    prefix = ""
+    for _ in range(1000):  # bounded: a rule cannot start with itself in GBNF, but be safe
+        if not tokens or _top_level_alternative(tokens):
+            break
+        head, nxt = tokens[0], (tokens[1] if len(tokens) > 1 else "")
+        if nxt in ("*", "+", "?") or nxt.startswith("{"):
+            break
+        if head.startswith('"') and len(tokens) > 1:
+            try:
+                prefix += _unescape(head)
+            except ValueError:
+                break
+            tokens = tokens[1:]
+        elif head in rules and head not in opaque:
+            body = _tokens(rules[head])
+            if _top_level_alternative(body):
+                break
+            tokens = body + tokens[1:]
+        else:
+            break
+    stripped = prefix.rstrip()
+    if stripped != prefix:
+        tokens = [_literal(prefix[len(stripped):]), *tokens]
+        prefix = stripped
+    if not prefix:
+        return "", grammar
+    rules["root"] = _join(tokens)
+    return prefix, _format(rules)
+
+
+def tool_call_continuation(tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> tuple[str, str]:
+    """A tool call split into `(prefix, grammar)` at the arguments: `prefix + <output>` is a call.
+
+    With one tool the prefix runs up to `"arguments":` (the model writes only the
+    arguments); with several it runs up to `"name": "` (the model picks the name).
+    `split_forced_prefix(tool_call_grammar(tools))` goes further, into the arguments.
+
+    >>> tool_call_continuation([{"name": "f"}])[0]
+    '{"tool_calls": [{"name": "f", "arguments":'
+    """
+    tools = list(tools)
+    return split_forced_prefix(tool_call_grammar(tools, parallel=parallel), keep=[f"t{i}" for i in range(len(tools))])
+
+
+def choice_grammar(choices: Iterable[str]) -> str:
+    """GBNF that matches exactly one of `choices` (e.g. speaker names for a selector).
+
+    Raises:
+        ConfigError: `choices` is empty or holds something other than non-empty strings.
+    """
+    opts = list(choices)
+    if not opts or any(not isinstance(c, str) or not c for c in opts):
+        raise ConfigError(f"choice_grammar needs non-empty strings (choices), got {opts!r}")
+    return "root ::= " + " | ".join(_literal(c) for c in opts) + "\n"
