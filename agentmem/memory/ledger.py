@@ -200,7 +200,7 @@ class Ledger:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Ledger:
-        """Inverse of :meth:`to_arrays`."""
+        """Inverse of `to_arrays`."""
         led = cls()
         n = len(arrays["tok"])
         for f in _FIELDS:

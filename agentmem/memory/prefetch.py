@@ -1,6 +1,6 @@
 """Predicting which agent runs next, from the order of past calls.
 
-:class:`TransitionPredictor` learns a first-order transition table online
+`TransitionPredictor` learns a first-order transition table online
 (``counts[previous][next]``). That captures round-robin teams, a selector that
 alternates with workers, and fixed pipelines. ``predict(after)`` returns the most
 likely next agent once a transition has been seen at least ``min_count`` times

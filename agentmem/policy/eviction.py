@@ -1,14 +1,14 @@
 """Eviction policies: which live tokens of an over-budget agent to drop.
 
 When an agent's live tokens exceed the high watermark of its budget, the pool
-builds a :class:`~agentmem.policy.view.LedgerView` and asks a policy for ranges
+builds a `agentmem.policy.view.LedgerView` and asks a policy for ranges
 of live positions to remove so that at most ``target`` (the low watermark)
 remain. The pool then removes them (``seq_rm`` + position shift), archives
 their text and keeps them in the ledger flagged as evicted.
 
 Every policy is a small strategy object with one job: give each live token a
-*keep priority* (:meth:`EvictionPolicy.priority`, higher = kept longer). The
-shared :meth:`EvictionPolicy.select` turns priorities into ranges the same way
+*keep priority* (`EvictionPolicy.priority`, higher = kept longer). The
+shared `EvictionPolicy.select` turns priorities into ranges the same way
 for all of them:
 
 1. cut the live positions into blocks of ``block`` tokens aligned to position
@@ -30,7 +30,7 @@ cannot be met otherwise; *pinned* tokens (``"pin": True`` messages, BOS) are
 never evicted. If the pinned tokens alone exceed the target, everything else
 goes and the pool reports the overflow.
 
-Policies (:data:`POLICIES`, built by name with :func:`get_policy`):
+Policies (`POLICIES`, built by name with `get_policy`):
 
 ==================  ==========================================================
 ``sliding_window``  keep the first ``n_keep`` tokens (default: the leading
@@ -39,7 +39,7 @@ Policies (:data:`POLICIES`, built by name with :func:`get_policy`):
                     most recent ones (StreamingLLM, Xiao et al. 2023).
 ``region_decay``    MemDecay: per-region base score decaying with age,
                     importance spread to neighbours, refresh by reference,
-                    pace-adaptive decay (the default, see :class:`RegionDecay`).
+                    pace-adaptive decay (the default, see `RegionDecay`).
 ==================  ==========================================================
 
 >>> import numpy as np
@@ -96,8 +96,8 @@ _SYSTEM = REGION_CODE["system"]
 class EvictionPolicy(ABC):
     """A strategy choosing which live tokens of one agent to evict.
 
-    Subclasses implement :meth:`priority` (and may override :meth:`protected`);
-    :meth:`select` — shared by all — turns priorities into block ranges.
+    Subclasses implement `priority` (and may override `protected`);
+    `select` — shared by all — turns priorities into block ranges.
     A policy holds only its parameters: one instance may serve many agents and
     threads.
 
@@ -296,7 +296,7 @@ _DEFAULT_DECAY: dict[str, float] = {
 
 @dataclass(frozen=True, kw_only=True)
 class RegionDecayParams:
-    """Parameters of :class:`RegionDecay`. Region maps are merged over the defaults.
+    """Parameters of `RegionDecay`. Region maps are merged over the defaults.
 
     ``RegionDecayParams(base={"user": 0.8})`` changes only the user base score.
 
@@ -353,14 +353,14 @@ class RegionDecayParams:
             raise ConfigError(f"region_decay: rare_max_count must be an int >= 1, got {self.rare_max_count!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain, JSON-serializable dict (inverse of :meth:`from_dict`)."""
+        """A plain, JSON-serializable dict (inverse of `from_dict`)."""
         d = dataclasses.asdict(self)
         d["base"], d["decay"] = dict(self.base), dict(self.decay)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RegionDecayParams:
-        """Build from a dict; an unknown key raises :class:`ConfigError` listing the valid ones."""
+        """Build from a dict; an unknown key raises `ConfigError` listing the valid ones."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -395,8 +395,8 @@ class RegionDecay(EvictionPolicy):
     turns, which outlive assistant prose.
 
     Args:
-        params: a :class:`RegionDecayParams`; ``None`` = defaults.
-        **overrides: fields of :class:`RegionDecayParams` to change
+        params: a `RegionDecayParams`; ``None`` = defaults.
+        **overrides: fields of `RegionDecayParams` to change
             (``RegionDecay(neighbours=1, base={"user": 0.8})``).
 
     Raises:

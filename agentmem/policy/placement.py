@@ -40,7 +40,7 @@ class AgentInfo:
         tier: ``hot``, ``warm`` or ``cold``.
         nbytes: bytes of its state in that tier (estimated for hot).
         n_tokens: live tokens.
-        priority: weight (see :data:`PRIORITIES`).
+        priority: weight (see `PRIORITIES`).
         idle_s: seconds since its last call.
         uses: calls so far.
         next_in: predicted calls until its next use (``math.inf`` = unknown).

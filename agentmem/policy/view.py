@@ -1,7 +1,7 @@
 """What an eviction policy sees of one agent: flat arrays over its *live* tokens.
 
-The pool builds a :class:`LedgerView` from an agent's ledger when the agent
-exceeds its token budget; a policy (see :mod:`agentmem.policy.eviction`) returns
+The pool builds a `LedgerView` from an agent's ledger when the agent
+exceeds its token budget; a policy (see `agentmem.policy.eviction`) returns
 ranges of live positions to evict. Positions are indices into the live KV
 (``0..n_live-1``), which stay contiguous after eviction (later cells are shifted).
 """
@@ -16,7 +16,7 @@ from agentmem.engine.chat_format import REGIONS
 
 __all__ = ["REGION_CODE", "LedgerView"]
 
-#: region name -> small integer code used in :attr:`LedgerView.regions`
+#: region name -> small integer code used in `LedgerView.regions`
 REGION_CODE: dict[str, int] = {name: i for i, name in enumerate(REGIONS)}
 
 
@@ -26,7 +26,7 @@ class LedgerView:
 
     Attributes:
         tokens: token ids (int32), in KV order.
-        regions: region code per token (uint8, see :data:`REGION_CODE`).
+        regions: region code per token (uint8, see `REGION_CODE`).
         pinned: True where the token must never be evicted (bool).
         turn: index of the message each token came from (int32; generated
             tokens carry the index of the turn they answered, template glue -1

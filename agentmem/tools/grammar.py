@@ -292,11 +292,12 @@ def schema_grammar(schema: Mapping[str, Any], *, prop_order: Sequence[str] = ())
     Raises:
         ConfigError: (a `ValueError`) the schema uses something the converter cannot express.
 
-    >>> print(schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
-    ...                       "required": ["a"]}), end="")
-    a ::= ( ( [0-9] ) | ( [1-9] [0-9] ) )
-    a-kv ::= "\\"a\\"" ": " a
-    root ::= "{" a-kv "}"
+    Examples:
+        >>> print(schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+        ...                       "required": ["a"]}), end="")
+        a ::= ( ( [0-9] ) | ( [1-9] [0-9] ) )
+        a-kv ::= "\\"a\\"" ": " a
+        root ::= "{" a-kv "}"
     """
     return _format(_convert(schema, "", "the JSON schema", prop_order))
 

@@ -78,7 +78,7 @@ def _text(content: Any, where: str, *, ai: bool = False) -> str:
 
 
 def to_pool_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """Convert LangChain messages to the dicts :meth:`agentmem.MemoryPool.chat` takes.
+    """Convert LangChain messages to the dicts `agentmem.MemoryPool.chat` takes.
 
     >>> from langchain_core.messages import HumanMessage, AIMessage, ToolMessage
     >>> to_pool_messages([

@@ -22,7 +22,7 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
     """Prompt-string LLM on an agentmem pool: raw completion, no chat template.
 
     Same agent identity, pool sharing, streaming and async as
-    :class:`~agentmem_langchain.ChatAgentMem`. Each agent's KV holds its last
+    `agentmem_langchain.ChatAgentMem`. Each agent's KV holds its last
     prompt + completion, so a prompt that *extends* the previous one (a growing
     transcript) decodes only the new text.
 
