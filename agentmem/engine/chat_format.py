@@ -183,6 +183,11 @@ def _tool_call(raw: Any, where: str) -> ToolCall:
             pass  # keep the raw string; it is rendered verbatim
     elif not isinstance(args, Mapping):
         raise MessageError(f"{where}.arguments must be a dict or a JSON string, got {type(args).__name__}")
+    else:
+        try:  # rendered with json.dumps later: refuse what cannot be, here, naming the field
+            json.dumps(args, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"{where}.arguments must be JSON-serializable ({exc})") from exc
     call_id = raw.get("id") or ""
     if not isinstance(call_id, str):
         raise MessageError(f"{where}.id must be a string, got {type(call_id).__name__}")

@@ -280,3 +280,15 @@ def test_checkpoint_then_sigkill_keeps_the_sliding_window_checkpoint(tiny_gemma3
         r = p.chat("a", follow, max_tokens=4)
     assert r.kv == "restored"
     assert r.usage.cached_tokens >= n_prompt  # rolled back to the prompt end, not re-prefilled
+
+
+def test_tool_arguments_that_are_not_json_are_a_message_error(pool):
+    """Bug: tool-call arguments that json.dumps cannot serialize escaped as a raw TypeError."""
+    msgs = conv("hi") + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": {"when": object()}}}]}]
+    with pytest.raises(MessageError, match=r"arguments must be JSON-serializable"):
+        pool.chat("a", msgs)
+    nan = conv("hi") + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": {"x": float("nan")}}}]}]
+    with pytest.raises(MessageError, match="JSON"):
+        pool.chat("a", nan)
