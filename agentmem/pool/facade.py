@@ -13,6 +13,7 @@ run the blocking work in worker threads so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
+import os
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
@@ -64,8 +65,9 @@ class MemoryPool:
     evicted text for recall.
 
     Args:
-        model_path: a GGUF file; `None` uses `AGENTMEM_MODEL` or the bundled
-            default model (Gemma 3 270M Q4_K_M).
+        model: a bundled model's name (`gemma-3-270m`, `qwen2.5-coder-0.5b-instruct`)
+            or a GGUF path; `None` uses `AGENTMEM_MODEL` or the default bundled model
+            (Gemma 3 270M Q4_K_M). Stored as `PoolConfig.model_path`.
         config: a `PoolConfig`; keyword arguments override its fields
             (`n_ctx`, `resident_agents`, `park_codec`, `archive_path`,
             `agent_budget_tokens`, ... — see `PoolConfig`).
@@ -85,10 +87,13 @@ class MemoryPool:
         reused 27 18
     """
 
-    def __init__(self, model_path: str | None = None, *, config: PoolConfig | None = None, **options: Any) -> None:
+    def __init__(self, model: str | os.PathLike[str] | None = None, *, config: PoolConfig | None = None,
+                 **options: Any) -> None:
         base = config or PoolConfig()
-        if model_path is not None:
-            options["model_path"] = str(model_path)
+        if model is not None:
+            if options.get("model_path") is not None:
+                raise ConfigError("pass the model once: either model=... or model_path=..., not both")
+            options["model_path"] = str(model)
         self.config = base.replace(**options) if options else base
         cfg = self.config
         self._closed = True  # until fully built, close() is a no-op
