@@ -4,8 +4,10 @@ Fixtures:
     tiny_model_path: a 2-layer ``llama`` GGUF with a ChatML template (session scope).
     tiny_gemma3_path: a 3-layer ``gemma3`` GGUF with sliding-window layers, whose
         sequence state blobs hold a base and an SWA cache section (session scope).
+    tiny_qwen2_path: a 2-layer ``qwen2`` GGUF (q/k/v biases, no sliding window) with
+        Qwen2.5's real jinja chat template, tools included (session scope).
 
-Both are built once per session into a pytest temporary directory, in milliseconds.
+All are built once per session into a pytest temporary directory, in milliseconds.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(_REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(_REPO_ROOT))
 
-from tests.fixtures.tiny_gguf import build_tiny_gguf  # noqa: E402
+from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
 
 _MARKERS: dict[str, str] = {
     "integration": "needs the real bundled models (gemma-3-270m, qwen2.5-coder-0.5b-instruct); slow",
@@ -48,4 +50,12 @@ def tiny_gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Path of a tiny random-weight ``gemma3`` GGUF (iSWA: window 16 on layers 0-1)."""
     return build_tiny_gguf(
         tmp_path_factory.mktemp("tiny-gemma3") / "tiny-gemma3.gguf", arch="gemma3"
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a tiny random-weight ``qwen2`` GGUF carrying Qwen2.5's jinja template (with tools)."""
+    return build_tiny_gguf(
+        tmp_path_factory.mktemp("tiny-qwen2") / "tiny-qwen2.gguf", arch="qwen2", chat_template=QWEN2_TEMPLATE
     )

@@ -5,6 +5,7 @@ any text, honour ChatML/Gemma control tokens as end-of-generation, decode
 deterministically, and round-trip a sequence's KV state from one sequence to another.
 They also pin two llama.cpp facts the memory layer depends on: the state blob's header
 and section layout, and that an iSWA (gemma3) blob carries only the sliding window.
+The qwen2 fixture (Qwen2.5's jinja template, no BOS, `<|im_end|>` as EOS) has its own tests at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tests.fixtures.tiny_gguf import (  # noqa: E402
     EOS_ID,
     IM_END_ID,
     IM_START_ID,
+    QWEN2_TEMPLATE,
     START_OF_TURN_ID,
     TINY_VOCAB_SIZE,
     build_tiny_gguf,
@@ -277,3 +279,41 @@ def test_gemma3_blob_keeps_only_the_window_in_swa_section(tiny_gemma3_path: Path
     finally:
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
+
+
+def _meta(model: ctypes.c_void_p, key: str) -> str:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    assert n >= 0, f"no metadata {key!r}"
+    return buf.value.decode()
+
+
+def test_qwen2_fixture_loads_as_qwen2_with_its_template(tiny_qwen2_path: Path) -> None:
+    model = _load_model(tiny_qwen2_path)
+    try:
+        assert _meta(model, "general.architecture") == "qwen2"
+        assert llama_cpp.llama_model_n_swa(model) == 0, "qwen2 has no sliding window"
+        template = llama_cpp.llama_model_chat_template(model, None)
+        assert template is not None and template.decode() == QWEN2_TEMPLATE
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        assert llama_cpp.llama_vocab_eos(vocab) == IM_END_ID == llama_cpp.llama_vocab_eot(vocab)
+        tokens = tokenize(vocab, CHATML_TEXT, add_special=True, parse_special=True)
+        assert tokens[0] == IM_START_ID, "Qwen adds no BOS"
+        ctx = _new_context(model)
+        try:
+            logits = decode(ctx, tokens, seq_id=0, pos0=0)
+            assert np.isfinite(logits).all()
+            blob = get_seq_state(ctx, 0)
+            magic, seq_id, n_stream, cell_count = struct.unpack_from("<IiII", blob)
+            assert (magic, n_stream, cell_count) == (STATE_SEQ_MAGIC, 1, len(tokens)), "one KV cache section"
+            assert len(get_seq_state(ctx, 3)) == 16, "an empty sequence: header + one section"
+        finally:
+            llama_cpp.llama_free(ctx)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def test_qwen2_build_is_deterministic_and_other_archs_unchanged(tmp_path: Path, tiny_model_path: Path) -> None:
+    a = build_tiny_gguf(tmp_path / "a.gguf", arch="qwen2", chat_template=QWEN2_TEMPLATE).read_bytes()
+    assert a == build_tiny_gguf(tmp_path / "b.gguf", arch="qwen2", chat_template=QWEN2_TEMPLATE).read_bytes()
+    assert build_tiny_gguf(tmp_path / "l.gguf").read_bytes() == tiny_model_path.read_bytes()
