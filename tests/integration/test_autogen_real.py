@@ -1,4 +1,4 @@
-"""AgentMemChatCompletionClient on the real default model (Gemma 3 270M): AgentChat end to end.
+"""AgentMemChatCompletionClient on the real bundled models: AgentChat end to end.
 
 One pool serves the whole module; generations are kept short.
 """
@@ -47,6 +47,10 @@ def pool(default_model_path):
         yield p
 
 
+@pytest.mark.xfail_on_model(
+    "qwen2.5-coder-0.5b-instruct",
+    reason="the GGUF's jinja template re-renders the generated call as <tool_call> JSON (arguments through tojson), not the agentmem envelope the model wrote, so the next prompt re-prefills from the call on; issue 14 item 3 (native tool formats) fixes it",
+)
 async def test_assistant_agent_tool_loop(pool):
     client = AgentMemChatCompletionClient(pool, agent_id="it-helper", max_tokens=24, force_tools=True)
     calls = []
