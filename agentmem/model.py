@@ -217,7 +217,8 @@ def _marker(target: Path) -> Path:
 def _verified(target: Path, spec: BundledModel) -> bool:
     # re-hashing half a gigabyte on every pool start costs seconds; the marker records a verified assembly
     try:
-        return target.stat().st_size == spec.size and _marker(target).read_text().strip() == f"{spec.sha256}:{spec.size}"
+        size_ok = target.stat().st_size == spec.size
+        return size_ok and _marker(target).read_text().strip() == f"{spec.sha256}:{spec.size}"
     except OSError:
         return False
 

@@ -56,7 +56,9 @@ def test_agent_switch_restores_instead_of_prefilling(pool: MemoryPool) -> None:
 
 
 @pytest.mark.xfail(
-    reason="the GGUF's jinja template re-renders the generated call as <tool_call> JSON (arguments through tojson), not the agentmem envelope the model wrote, so the next prompt re-prefills from the call on; issue 14 item 3 (native tool formats) fixes it",
+    reason="the GGUF's jinja template re-renders the generated call as <tool_call> JSON (arguments through "
+    "tojson), not the agentmem envelope the model wrote, so the next prompt re-prefills from the call on; "
+    "issue 14 item 3 (native tool formats) fixes it",
     strict=False,
 )
 @pytest.mark.xfail_only_on("qwen2.5-coder-0.5b-instruct")
