@@ -468,7 +468,7 @@ class MemoryPool:
         destination then diverges copy-on-write; the source is unaffected.
         """
         self._check_open()
-        check.agent_id(src, field="src")
+        check.agent_id(src, field="src", internal=True)  # a declared share may be handed off
         check.agent_id(dst, field="dst")
         if upto is not None:
             check.bounded_int(upto, field="upto", lo=1)
