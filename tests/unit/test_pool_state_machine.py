@@ -16,8 +16,9 @@ checks, against the test's own model of what each agent was given:
 * `stats()`: tier counts add up, `calls` totals match the calls made since the
   pool was opened, per-agent calls match;
 * sequences: every sequence is either held by a known agent or free, once;
-* no hang: every step runs under a deadline (faulthandler dumps all stacks and
-  exits the process if one is exceeded), async calls under `asyncio.wait_for`.
+* no hang: every pool operation runs in a worker thread under a deadline (a hung
+  step fails with every thread's stack), async calls under `asyncio.wait_for`; the
+  prefetch worker is drained under a deadline and must be gone after `close()`.
 
 Profiles (registered here): `ci` (default; both models in well under a minute on a
 2-core machine) and `long` (hundreds of examples, longer runs). Select with
@@ -31,16 +32,17 @@ A failing run prints the step sequence; `--hypothesis-seed=N` replays a seed.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import faulthandler
 import math
 import os
 import shutil
-import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -65,8 +67,6 @@ PROFILE = settings.get_profile(os.environ.get("AGENTMEM_HYPOTHESIS_PROFILE", "ci
 # A state machine cannot take pytest fixtures: the tiny models are built (milliseconds)
 # into a module-level temporary directory, removed when the interpreter exits.
 _TMP = Path(tempfile.mkdtemp(prefix="agentmem-sm-"))
-import atexit  # noqa: E402
-
 atexit.register(shutil.rmtree, _TMP, True)
 _MODELS: dict[str, Path] = {}
 
@@ -84,8 +84,41 @@ WORDS = ("plan", "the", "route", "tool", "result", "é", "数据", "<|im_end|>",
 EVICTIONS = ("region_decay", "sliding_window", "streaming_llm")
 MAX_PROMPT = 300  # rendered prompt tokens before a conversation starts over (stays far below capacity)
 STEP_DEADLINE_S = 120.0
+T = TypeVar("T")
 
 words = st.lists(st.sampled_from(WORDS), min_size=1, max_size=24).map(" ".join)
+
+
+class StepHung(AssertionError):
+    """A pool operation did not return within `STEP_DEADLINE_S`."""
+
+
+def within_deadline(fn: Callable[[], T]) -> T:
+    """`fn()` run in a worker thread; `StepHung` (with every thread's stack) if it blocks too long.
+
+    The hung thread is a daemon and is left behind: the machine then skips closing
+    the pool (which would wait for the same lock).
+    """
+    out: list[Any] = []
+
+    def work() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            out.append((False, exc))
+
+    t = threading.Thread(target=work, name="state-machine-step", daemon=True)
+    t.start()
+    t.join(STEP_DEADLINE_S)
+    if t.is_alive():
+        with tempfile.TemporaryFile("w+") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            raise StepHung(f"step blocked for more than {STEP_DEADLINE_S:.0f} s; threads:\n{f.read()}")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 @dataclass
@@ -98,7 +131,6 @@ class Known:
     calls: int = 0  # calls since the pool was (re)opened or the agent created
     may_evict: bool = False  # a budget (or a handed-off history) may have evicted tokens
     budget: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -108,6 +140,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.hung = False
         self.db = _TMP / f"archive-{os.getpid()}-{time.monotonic_ns()}.db"
         self.pool = self._open()
         self.known: dict[str, Known] = {}
@@ -119,15 +152,21 @@ class PoolMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         pool = getattr(self, "pool", None)
-        if pool is not None:
-            with deadline():
-                pool.close()
+        if pool is not None and not self.hung:
+            self._step(pool.close)
             t = pool._prefetcher._thread
             assert t is None or not t.is_alive(), "the prefetch worker outlived close()"
         for p in _TMP.glob(self.db.name + "*"):
             p.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ helpers
+    def _step(self, fn: Callable[[], T]) -> T:
+        try:
+            return within_deadline(fn)
+        except StepHung:
+            self.hung = True
+            raise
+
     def _settle(self) -> None:
         """Wait (bounded) until the prefetch worker has done what the last call queued."""
         q = self.pool._prefetcher.queue
@@ -197,16 +236,17 @@ class PoolMachine(RuleBasedStateMachine):
           how=st.sampled_from(["chat", "stream", "achat"]))
     def chat(self, aid: str, mode: str, text: str, cut: int, use_brief: bool, max_tokens: int, how: str) -> None:
         msgs = self._next_messages(aid, mode, text, cut, use_brief)
-        with deadline():
+        def call() -> Any:
             if how == "chat":
-                r = self.pool.chat(aid, msgs, max_tokens=max_tokens)
-            elif how == "stream":
+                return self.pool.chat(aid, msgs, max_tokens=max_tokens)
+            if how == "stream":
                 s = self.pool.chat_stream(aid, msgs, max_tokens=max_tokens)
                 pieces = list(s)
-                r = s.result
-                assert r is not None and "".join(pieces) == r.text, f"{pieces=}, {r=}"
-            else:
-                r = asyncio.run(asyncio.wait_for(self.pool.achat(aid, msgs, max_tokens=max_tokens), STEP_DEADLINE_S))
+                assert s.result is not None and "".join(pieces) == s.result.text, f"{pieces=}, {s.result=}"
+                return s.result
+            return asyncio.run(asyncio.wait_for(self.pool.achat(aid, msgs, max_tokens=max_tokens), STEP_DEADLINE_S))
+
+        r = self._step(call)
         self._count_call(aid)
         self._finished(aid, msgs, r)
 
@@ -215,14 +255,16 @@ class PoolMachine(RuleBasedStateMachine):
     def abandoned_stream(self, aid: str, mode: str, text: str, cut: int, use_brief: bool, max_tokens: int) -> None:
         """A stream closed after its first piece: the agent keeps the prompt and what was decoded."""
         msgs = self._next_messages(aid, mode, text, cut, use_brief)
-        with deadline():
+        def call() -> Any:
             s = self.pool.chat_stream(aid, msgs, max_tokens=max_tokens)
             try:
                 next(s)
             except StopIteration:
                 pass
-            finished = s.result
             s.close()
+            return s.result
+
+        finished = self._step(call)
         self._count_call(aid)
         if finished is not None:
             self._finished(aid, msgs, finished)
@@ -239,8 +281,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def forget(self, data: st.DataObject) -> None:
         aid = data.draw(st.sampled_from(sorted(self.known)))
-        with deadline():
-            self.pool.forget(aid)
+        self._step(lambda: self.pool.forget(aid))
         del self.known[aid]
         with pytest.raises(UnknownAgentError):
             self.pool.history_tokens(aid)
@@ -249,8 +290,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data(), tier=st.sampled_from(["warm", "cold"]))
     def park(self, data: st.DataObject, tier: str) -> None:
         aid = data.draw(st.sampled_from(sorted(self.known)))
-        with deadline():
-            self.pool.park(aid, tier)
+        self._step(lambda: self.pool.park(aid, tier))
         st_ = self.pool.stats()["agents"][aid]
         assert st_["tier"] in (tier, "empty"), f"{aid}: {st_['tier']=} after park({tier!r})"
 
@@ -258,8 +298,7 @@ class PoolMachine(RuleBasedStateMachine):
     def set_budget(self, aid: str, tokens: int, eviction: str) -> None:
         before = self._snapshot()
         try:
-            with deadline():
-                self.pool.set_budget(aid, tokens, eviction)
+            self._step(lambda: self.pool.set_budget(aid, tokens, eviction))
         except ConfigError:
             # documented: a budget that does not exceed the pinned live tokens
             assert tokens and aid in self.known, f"{aid=}, {tokens=}"
@@ -275,15 +314,13 @@ class PoolMachine(RuleBasedStateMachine):
         aid = data.draw(st.sampled_from(sorted(a for a, k in self.known.items() if k.msgs)))
         k = self.known[aid]
         index = data.draw(st.integers(0, len(k.msgs) - 1))
-        with deadline():
-            n = self.pool.pin(aid, index, pinned)
+        n = self._step(lambda: self.pool.pin(aid, index, pinned))
         assert isinstance(n, int) and n >= 0, f"{n=}"
 
     @rule(name=st.sampled_from(SHARES), text=words, repeat=st.integers(1, 4))
     def share(self, name: str, text: str, repeat: int) -> None:
         brief = [{"role": "system", "content": f"Team {name}: " + " ".join([text] * repeat)}]
-        with deadline():
-            n = self.pool.share(name, brief)
+        n = self._step(lambda: self.pool.share(name, brief))
         aid = SHARE_PREFIX + name
         self._count_call(aid)
         prefix = self._render(brief + [{"role": "user", "content": "\u2063"}])[:n]
@@ -307,8 +344,7 @@ class PoolMachine(RuleBasedStateMachine):
         s = self.known[src]
         upto = None if whole else data.draw(st.integers(1, len(s.expected)))
         try:
-            with deadline():
-                card = self.pool.handoff(src, dst, upto)
+            card = self._step(lambda: self.pool.handoff(src, dst, upto))
         except StateError:
             # documented for a sliding-window source parked past its window: dst was reset
             assert self.ARCH == "gemma3", "StateError from a handoff on a model without a sliding window"
@@ -324,14 +360,12 @@ class PoolMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ durability
     @rule()
     def checkpoint(self) -> None:
-        with deadline():
-            self.pool.checkpoint()
+        self._step(self.pool.checkpoint)
 
     @rule()
     def close_and_reopen(self) -> None:
-        with deadline():
-            self.pool.close()
-            self.pool = self._open()
+        self._step(self.pool.close)
+        self.pool = self._step(self._open)
         self.calls_since_open = 0
         for k in self.known.values():
             k.calls = 0
@@ -358,8 +392,8 @@ class PoolMachine(RuleBasedStateMachine):
             lambda: pool.handoff(aid, aid),
         ]
         before = self._snapshot()
-        with deadline(), pytest.raises(AgentMemError):
-            bad[which]()
+        with pytest.raises(AgentMemError):
+            self._step(bad[which])
         self._settle()
         assert self._snapshot() == before, f"invalid input #{which} changed the pool"
 
@@ -411,16 +445,6 @@ class PoolMachine(RuleBasedStateMachine):
                 if totals[name]:
                     event(f"pool did {name}")
             assert totals["calls"] == self.calls_since_open >= sum(s["calls"] for s in stats["agents"].values())
-
-
-class deadline:
-    """Dump every thread's stack and exit the process if a step blocks past its deadline."""
-
-    def __enter__(self) -> None:
-        faulthandler.dump_traceback_later(STEP_DEADLINE_S, exit=True, file=sys.stderr)
-
-    def __exit__(self, *exc: object) -> None:
-        faulthandler.cancel_dump_traceback_later()
 
 
 class Gemma3Machine(PoolMachine):
