@@ -315,8 +315,14 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def _drop(text: str, found: Sequence[str]) -> str:
+    """`text` with its control-token strings replaced by a neutral character.
+
+    Not removed: a content ending (or made only of) a control string would then end
+    in whitespace (or be empty), which `_Markers.wrap` places differently, and the
+    markup comparison would refuse a template that does not touch content at all.
+    """
     for s in set(found):
-        text = text.replace(s, "")
+        text = text.replace(s, "\ue002")
     return text
 
 
