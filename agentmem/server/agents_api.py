@@ -5,7 +5,7 @@
 | `GET /agents` | the agents the key may see: tier, tokens, bytes, codec, counters |
 | `GET /agents/{id}` | one agent, with its regions |
 | `DELETE /agents/{id}` | forget it (sequence, parked states, archive rows) |
-| `POST /agents/{id}?action=park` | `{"tier": "warm"\|"cold"}`: park it now |
+| `POST /agents/{id}?action=park` | `{"tier": "warm"}` (or `"cold"`): park it now |
 | `POST /agents/{id}?action=pin` | `{"message_index": 2, "pinned": true}`: never evict that message |
 | `POST /agents/{id}?action=budget` | `{"tokens": 2048, "eviction": "region_decay"}` |
 | `POST /agents/{id}?action=priority` | `{"priority": "foreground"}` or an int weight |
