@@ -95,7 +95,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 2 when the pool could not open."""
+    """Serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 2 when the server could not start."""
     from agentmem.server import require_server_deps
 
     try:
@@ -106,16 +106,22 @@ def run_args(args: argparse.Namespace) -> int:
 
     from agentmem.server.app import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config, settings, keys = build(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not keys.enabled:
         logger.warning("serving on %s without API keys: anyone who can reach it can use every agent", settings.host)
-    app = create_app(config, settings=settings, keys=keys)
+    from agentmem.pool import MemoryPool
+
+    # opened before uvicorn starts: a missing model or a locked archive is one line on stderr, status 2
+    pool = MemoryPool(config=config)
+    app = create_app(pool, settings=settings, keys=keys, own_pool=True)
     server = uvicorn.Server(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=args.log_level,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s + 0.999)), lifespan="on",
     ))
-    server.run()
-    if not server.started:  # the lifespan failed (the model or archive could not be opened): logged above
-        return 2
-    return 0
+    try:
+        server.run()
+    finally:
+        if not pool.closed:  # uvicorn never started the lifespan (the port was taken, say)
+            pool.close()
+    return 0 if server.started else 2
