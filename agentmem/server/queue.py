@@ -21,9 +21,9 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable
 
-from agentmem.pool import ChatResult
+from agentmem.pool import ChatResult, ChatStream
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 
@@ -124,7 +124,7 @@ class AgentQueue:
                 self._locks[agent_id] = (lock, users - 1)
 
     # ------------------------------------------------------------------ streams
-    async def stream(self, open_stream: Callable[[], Iterator[str]]) -> AsyncIterator[str | ChatResult]:
+    async def stream(self, open_stream: Callable[[], ChatStream]) -> AsyncIterator[str | ChatResult]:
         """Run the stream `open_stream()` builds in a worker thread; yield its pieces, then its result.
 
         `open_stream` runs in the worker too (rendering a long prompt is blocking work).
@@ -143,7 +143,7 @@ class AgentQueue:
                 run.stop.set()
 
         def worker() -> None:
-            stream: Any = None
+            stream: ChatStream | None = None
             try:
                 stream = open_stream()
                 for piece in stream:

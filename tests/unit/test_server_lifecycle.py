@@ -136,3 +136,26 @@ def test_settings_round_trip_and_validation() -> None:
         ServerSettings(anonymous="sometimes")
     with pytest.raises(ConfigError, match="unknown server setting"):
         ServerSettings.from_dict({"colour": "blue"})
+
+
+def test_public_api_is_pinned() -> None:
+    import agentmem.server
+
+    assert agentmem.server.__all__ == ["INSTALL_HINT", "KeyRing", "ServerSettings", "create_app", "require_server_deps"]
+
+
+def test_without_the_server_extra_the_cli_works_and_serve_names_the_install_command() -> None:
+    """Optional dependencies stop at the package boundary: `agentmem --help` needs none of them."""
+    code = (
+        "import sys; sys.modules['fastapi'] = None\n"
+        "from agentmem.cli import main\n"
+        "try:\n"
+        "    from agentmem.server import create_app\n"
+        "except ImportError as exc:\n"
+        "    print('IMPORT:', exc)\n"
+        "print('STATUS:', main(['serve', '--port', '8123']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "IMPORT: agentmem serve needs FastAPI" in out.stdout and "pip install 'agentmem[server]'" in out.stdout
+    assert "STATUS: 2" in out.stdout
+    assert "pip install 'agentmem[server]'" in out.stderr
