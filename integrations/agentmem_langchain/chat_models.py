@@ -22,18 +22,18 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from agentmem import ChatResult as PoolResult
 from agentmem.tools import (
     JSON_OBJECT_GRAMMAR,
+    ToolFormat,
+    get_tool_format,
     json_prompt,
-    opens_tool_call,
     schema_grammar,
     split_forced_prefix,
-    tool_call_grammar,
     tools_prompt,
     with_system_block,
 )
 
 from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
 from ._messages import to_pool_messages
-from ._tools import ToolSpec, normalize_tool_choice, normalize_tools, parse_tool_calls
+from ._tools import ToolSpec, find_tool_calls, normalize_tool_choice, normalize_tools, parse_tool_calls
 
 __all__ = ["ChatAgentMem"]
 
@@ -55,11 +55,11 @@ _CALL_KEYS = {
 
 
 @functools.lru_cache(maxsize=256)
-def _tool_grammar(tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
+def _tool_grammar(fmt_name: str, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
     tools = json.loads(tools_json)
     if only is not None:
         tools = [t for t in tools if t["name"] == only]
-    return split_forced_prefix(tool_call_grammar(tools, parallel=parallel))
+    return get_tool_format(fmt_name).forced(tools, parallel=parallel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -99,6 +99,7 @@ class _Call:
     prefix: str = ""
     tool_names: tuple[str, ...] = ()
     forced: Callable[[], _Call] | None = None  # auto mode: the same call with a call forced
+    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
 
     def pool_messages(self) -> list[dict[str, Any]]:
         if not self.prefix:
@@ -119,8 +120,12 @@ def _read(call: _Call, text: str) -> _Reply:
     full = call.prefix + text
     if call.mode in ("text", "json"):
         return _Reply(content=full)
-    parsed = parse_tool_calls(full)
+    parsed = parse_tool_calls(full, call.fmt)
     if call.mode == "auto":
+        if parsed is None and call.fmt.native:  # a native call after some text: the text is the content
+            found = find_tool_calls(full, call.tool_names, call.fmt)
+            if found is not None:
+                return _Reply(content=found[1], tool_calls=found[0])
         if parsed is None:
             return _Reply(content=full)
         calls, invalid = parsed
@@ -139,7 +144,7 @@ class _Holder:
 
     Text replies stream as they come. A forced tool call is held to the end (it
     arrives as tool-call chunks). In `auto` mode the start of a reply is held
-    while it could still be a tool call (`{"tool_calls"`...).
+    while it could still be a tool call (in the model's syntax, `call.fmt`).
     """
 
     def __init__(self, call: _Call) -> None:
@@ -152,7 +157,7 @@ class _Holder:
             return piece
         self.held += piece
         if self.decided is None:
-            opens = opens_tool_call(self.held)
+            opens = self.call.fmt.opens_call(self.held)
             if opens:
                 self.decided = "tool"
             elif opens is False:
@@ -355,6 +360,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         agent = self._agent_from(kwargs)
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
+        fmt = self.get_pool().tool_format
         grammar = kwargs.get("grammar")
         tools = kwargs.get("tools") or []
         choice = kwargs.get("tool_choice") or "auto"
@@ -370,20 +376,23 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             specs = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters") or {}) for t in tools]
             names = tuple(s.name for s in specs)
             choice = normalize_tool_choice(choice, names)
-            msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
-            parallel = bool(kwargs.get("parallel_tool_calls", False))
+            if fmt.native:  # the model's own template shows the tools
+                sampling = {**sampling, "tools": [s.as_dict() for s in specs]}
+            else:
+                msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
+            parallel = bool(kwargs.get("parallel_tool_calls", False)) and fmt.parallel
             tools_json = json.dumps([s.as_dict() for s in specs])
 
             def forced(only: str | None = None) -> _Call:
-                prefix, g = _tool_grammar(tools_json, only, parallel)
-                return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names)
+                prefix, g = _tool_grammar(fmt.name, tools_json, only, parallel)
+                return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
             if choice == "required":
                 return forced()
             if choice in names:
                 return forced(choice)
             if choice == "auto":
-                return _Call(agent, msgs, sampling, "auto", "", names, forced=forced)
+                return _Call(agent, msgs, sampling, "auto", "", names, forced=forced, fmt=fmt)
             # "none": tools stay described (same prompt prefix, same kept KV) but are not called
         if response_format is not None and not (tools and choice != "none"):
             schema = _response_schema(response_format)
