@@ -498,6 +498,7 @@ class ChatRenderer:
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
+        self._tool_format: ToolFormat | None = None
         logger.debug("chat format: %s", self.format.name)
 
     def _cached(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -525,8 +526,16 @@ class ChatRenderer:
 
     @property
     def tool_format(self) -> ToolFormat:
-        """The syntax the model writes tool calls in under this renderer's format."""
-        return self.format.tool_format
+        """The syntax the model writes tool calls in under this renderer's format, bound to its vocabulary."""
+        if self._tool_format is None:
+            fmt = self.format.tool_format
+            ids = {}
+            for m in fmt.markers:
+                toks = self.model.tokenize(m, add_special=False, parse_special=True)
+                if len(toks) == 1:
+                    ids[m] = toks[0]
+            self._tool_format = fmt.with_tokens(ids)
+        return self._tool_format
 
     def render(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None

@@ -281,8 +281,8 @@ class JinjaFormat(ChatFormat):
         if controls is not None:
             _refuse_controls_outside_content(messages, controls)
         calls = [bool(m.tool_calls) for m in messages]
+        cont = continues_turn(messages)  # before calls move into content (a call is never continued)
         messages = self._prepared(messages)
-        cont = continues_turn(messages)
         full = self._render(messages, not cont, bos, eos)
         marks = _Markers(messages)
         spans = self._locate(messages, not cont, bos, eos, full, controls, marks)

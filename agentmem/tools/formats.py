@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import copy
 import json
 import re
 from typing import Any, Mapping, Sequence
@@ -102,11 +103,34 @@ class ToolFormat(abc.ABC):
         native: the chat template takes `tools=` and describes them itself; `False`
             means agentmem's tools block goes into the system prompt.
         opener: the text every call starts with (used by `opens_call`).
+        markers: texts of the syntax that a model's vocabulary may hold as single tokens.
+        tokens: the markers that are single tokens of the model this format is bound to
+            (`with_tokens`), text → id; the grammar names them as token references,
+            since llama.cpp's grammar does not match a special token against literal text.
     """
 
     name: str = "base"
     native: bool = True
     opener: str = ""
+    markers: tuple[str, ...] = ()
+    tokens: Mapping[str, int] = {}
+
+    def with_tokens(self, tokens: Mapping[str, int]) -> ToolFormat:
+        """This format bound to a vocabulary: `tokens` maps the markers that are single tokens to their ids."""
+        bound = copy.copy(self)
+        bound.tokens = {m: tokens[m] for m in self.markers if m in tokens}
+        return bound
+
+    def _lit(self, text: str) -> str:
+        """GBNF for the literal `text`, its single-token markers as token references."""
+        if not text:
+            return ""
+        for m in self.tokens:
+            j = text.find(m)
+            if j != -1:
+                ref = m if re.fullmatch(r"<[^\s<>\"\[\]]+>", m) else f"<[{self.tokens[m]}]>"
+                return " ".join(x for x in (self._lit(text[:j]), ref, self._lit(text[j + len(m):])) if x)
+        return _literal(text)
 
     @classmethod
     @abc.abstractmethod
@@ -158,6 +182,11 @@ class ToolFormat(abc.ABC):
     def looks_like_call(self, text: str, names: Sequence[str]) -> bool:
         """Whether the model tried to call a tool (maybe malformed): worth redoing under the grammar."""
         return (bool(self.opener) and self.opener in text) or looks_like_tool_call(text, names)
+
+    def written_back(self, content: str, calls: Sequence[Call]) -> str:
+        """The text the template writes back after the generation prompt for a reply of `content` and `calls`."""
+        call = self.render_call(calls)
+        return f"{content.strip()}\n{call}" if content.strip() else call
 
     def call_or_document(
         self, tools: Sequence[Mapping[str, Any]], schema: Mapping[str, Any], *, parallel: bool = False
@@ -253,10 +282,9 @@ class _JSONCallFormat(ToolFormat):
         if not alts:
             raise ConfigError("a tool-call grammar needs at least one tool (tools is empty)")
         one = alts[0] if len(alts) == 1 else "( " + " | ".join(alts) + " )"
-        call = f'{_literal(self.call_open + "{" + chr(34) + "name" + chr(34) + ": " + chr(34))} {one} {_literal("}" + self.call_close)}'
-        seq = f"call ( {_literal(self.sep)} call )*" if parallel and self.sep else "call"
-        root = " ".join(x for x in (_literal(self.open_text) if self.open_text else "", seq,
-                                    _literal(self.close_text) if self.close_text else "") if x)
+        call = f'{self._lit(self.call_open + "{" + chr(34) + "name" + chr(34) + ": " + chr(34))} {one} {self._lit("}" + self.call_close)}'
+        seq = f"call ( {self._lit(self.sep)} call )*" if parallel and self.sep else "call"
+        root = " ".join(x for x in (self._lit(self.open_text), seq, self._lit(self.close_text)) if x)
         return _format({"root": root, "call": call, **rules})
 
     def _bodies(self, s: str) -> list[str] | None:
@@ -290,6 +318,7 @@ class HermesFormat(_JSONCallFormat):
 
     name = "hermes"
     opener = "<tool_call>"
+    markers = ("<tool_call>", "</tool_call>")
     call_open = "<tool_call>\n"
     call_close = "\n</tool_call>"
     sep = "\n"
@@ -309,6 +338,7 @@ class Llama3Format(_JSONCallFormat):
 
     name = "llama3"
     opener = '{"name"'
+    markers = ("<|python_tag|>",)
     args_key = "parameters"
 
     @classmethod
@@ -338,6 +368,7 @@ class MistralFormat(_JSONCallFormat):
 
     name = "mistral"
     opener = "[TOOL_CALLS]"
+    markers = ("[TOOL_CALLS]",)
     open_text = "[TOOL_CALLS] ["
     sep = ", "
     close_text = "]"

@@ -9,6 +9,7 @@ kept KV instead of being prefilled again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
@@ -594,13 +595,15 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         thought: str | None = None
         finish: FinishReasons = "length" if r1.finish_reason == "length" else "stop"
         if plan.tool_names:
+            written = text  # the reply as the model wrote it (the forced prefix included)
             parsed = parse_tool_calls(text, plan.tool_names, plan.fmt)
             if parsed is None and plan.retry is not None and plan.fmt.looks_like_call(text, plan.tool_names):
                 logger.debug("agent %r: malformed tool call %r; redoing it under the grammar", plan.agent_id, text[:80])
                 prefix, grammar = plan.retry
                 r2 = await self._generate(plan, grammar, prefix, token)
                 results.append(r2)
-                parsed = parse_tool_calls(prefix + r2.text, plan.tool_names, plan.fmt)
+                written = prefix + r2.text
+                parsed = parse_tool_calls(written, plan.tool_names, plan.fmt)
                 if parsed is not None:
                     j = text.find(plan.fmt.opener) if plan.fmt.native else -1
                     parsed = (parsed[0], text[:j].strip() if j != -1 else text_before_json(text))
@@ -609,6 +612,12 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                 thought = before or None
                 finish = "function_calls"
                 unsent = ""
+                back = plan.fmt.written_back(before, [(c.name, c.arguments) for c in content]) if plan.fmt.native else None
+                if back is not None and back != written.strip():
+                    # The model wrote the call in another shape than its template writes it back:
+                    # put the template's form in the KV now (prefill only), so the next call keeps it.
+                    quiet = dataclasses.replace(plan, sampling={**plan.sampling, "max_tokens": 0})
+                    results.append(await self._generate(quiet, None, back, token))
             elif plan.forced:
                 logger.warning(
                     "agent %r: forced tool call did not complete (finish=%s, %d tokens): %r",

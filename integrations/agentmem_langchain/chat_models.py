@@ -55,11 +55,11 @@ _CALL_KEYS = {
 
 
 @functools.lru_cache(maxsize=256)
-def _tool_grammar(fmt_name: str, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
+def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
     tools = json.loads(tools_json)
     if only is not None:
         tools = [t for t in tools if t["name"] == only]
-    return get_tool_format(fmt_name).forced(tools, parallel=parallel)
+    return fmt.forced(tools, parallel=parallel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -113,6 +113,29 @@ class _Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
     retry: bool = False
+    rewrite: str | None = None  # the call as the template writes it back, when the model wrote it otherwise
+
+
+def _written_back(call: _Call, full: str, reply: _Reply) -> _Reply:
+    """`reply`, marked for a rewrite when its calls are not written the way the template writes them back.
+
+    A model may write a call in another shape than its template's (a bare JSON object,
+    other spacing); the next prompt renders the template's form, and the KV of the
+    call would be re-prefilled then. `_rewrite_call` puts the template's form in the KV now.
+    """
+    if not call.fmt.native or not reply.tool_calls or reply.invalid_tool_calls:
+        return reply
+    back = call.fmt.written_back(reply.content, [(c["name"], c["args"]) for c in reply.tool_calls])
+    if back != full.strip():
+        reply.rewrite = back
+    return reply
+
+
+def _rewrite_call(call: _Call, reply: _Reply) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """Pool arguments that prefill `reply.rewrite` as the agent's reply (nothing is generated)."""
+    assert reply.rewrite is not None
+    keep = {k: v for k, v in call.sampling.items() if k == "tools"}
+    return call.agent_id, [*call.messages, {"role": "assistant", "content": reply.rewrite}], {**keep, "max_tokens": 0}
 
 
 def _read(call: _Call, text: str) -> _Reply:
@@ -125,14 +148,14 @@ def _read(call: _Call, text: str) -> _Reply:
         if parsed is None and call.fmt.native:  # a native call after some text: the text is the content
             found = find_tool_calls(full, call.tool_names, call.fmt)
             if found is not None:
-                return _Reply(content=found[1], tool_calls=found[0])
+                return _written_back(call, full, _Reply(content=found[1], tool_calls=found[0]))
         if parsed is None:
             return _Reply(content=full)
         calls, invalid = parsed
         bad = invalid or not calls or any(c["name"] not in call.tool_names for c in calls)
         if bad and call.forced is not None:
             return _Reply(retry=True)
-        return _Reply(tool_calls=calls, invalid_tool_calls=invalid)
+        return _written_back(call, full, _Reply(tool_calls=calls, invalid_tool_calls=invalid))
     if parsed is None:  # cannot happen under the grammar, unless cut by a stop string
         return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=full, id=None, error="no tool-call JSON in the reply")])
     calls, invalid = parsed
@@ -384,7 +407,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             tools_json = json.dumps([s.as_dict() for s in specs])
 
             def forced(only: str | None = None) -> _Call:
-                prefix, g = _tool_grammar(fmt.name, tools_json, only, parallel)
+                prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
                 return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
             if choice == "required":
@@ -433,6 +456,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(pool.chat(agent, msgs, **kw))
         message = AIMessage(
             content=reply.content,
             tool_calls=reply.tool_calls,
@@ -458,6 +484,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(await pool.achat(agent, msgs, **kw))
         message = AIMessage(
             content=reply.content,
             tool_calls=reply.tool_calls,
@@ -517,6 +546,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(pool.chat(agent, msgs, **kw))
         yield self._final_chunk(call, reply, results, holder.rest(reply))
 
     async def _astream(
@@ -556,5 +588,8 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(await pool.achat(agent, msgs, **kw))
         yield self._final_chunk(call, reply, results, holder.rest(reply))
 
