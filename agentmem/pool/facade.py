@@ -40,6 +40,7 @@ from agentmem.pool.stats import pool_stats
 from agentmem.pool.swa import window_rules
 from agentmem.pool.trimming import Trimmer
 from agentmem.pool.turn import TurnRunner
+from agentmem.tools.formats import ToolFormat
 
 __all__ = ["MemoryPool"]
 
@@ -190,6 +191,7 @@ class MemoryPool:
         max_tokens: int = 256,
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **sampling: Any,
     ) -> ChatResult:
         """Continue `agent_id`'s conversation and return the reply.
@@ -199,13 +201,18 @@ class MemoryPool:
         options: `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
         `grammar` (GBNF).
 
+        `tools` (`{"name", "description", "parameters"}` each) are shown to the model
+        the way `tool_format` says: through the chat template when it has native tool
+        support, else as agentmem's tools block at the end of the system message. Pass
+        the same tools on every call of an agent: they are part of its prompt prefix.
+
         Raises:
             MessageError: a malformed message (the error names the field).
             ContextOverflowError: the prompt does not fit `capacity` (and the
                 agent has no token budget to evict down to).
         """
         return self.chat_stream(
-            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, tools=tools, **sampling
         ).drain()
 
     def chat_stream(
@@ -216,6 +223,7 @@ class MemoryPool:
         max_tokens: int = 256,
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **sampling: Any,
     ) -> ChatStream:
         """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
@@ -226,7 +234,7 @@ class MemoryPool:
         check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
-        prompt = self.renderer.render(msgs)
+        prompt = self.renderer.render(msgs, tools=tools)
         return ChatStream(self._turns.run(agent_id, prompt, params, n_messages=len(msgs)))
 
     def complete(
@@ -439,10 +447,20 @@ class MemoryPool:
         with self._core.lock:
             return self._core.agent(agent_id).ledger.tokens.tolist()
 
-    def count_tokens(self, messages: Iterable[Mapping[str, Any] | Message]) -> int:
-        """Prompt tokens the messages render to (chat template included)."""
+    def count_tokens(
+        self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> int:
+        """Prompt tokens the messages (and `tools`, as `chat` shows them) render to, chat template included."""
         self._check_open()
-        return len(self.renderer.render(check.message_list(messages)))
+        return len(self.renderer.render(check.message_list(messages), tools=tools))
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The syntax this model writes tool calls in (`agentmem.tools.formats`), from its chat format.
+
+        Integrations parse replies, build forced-call grammars and stream with it.
+        """
+        return self.renderer.tool_format
 
     # ------------------------------------------------------------------ durability
     def checkpoint(self) -> None:

@@ -347,7 +347,7 @@ def test_jinja_regions_with_tools_and_alternation():
     segs = JinjaFormat(QWENISH).render(normalize_messages(msgs), bos="", eos="")
     assert [(s.region, s.message, s.text) for s in segs] == [
         ("user", 0, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nadd<|im_end|>\n"),
-        ("tool_call", 1, '<|im_start|>assistant\n<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call><|im_end|>\n'),
+        ("tool_call", 1, '<|im_start|>assistant\n<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><|im_end|>\n'),
         ("tool_result", 2, "<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n"),
         ("assistant", 3, "<|im_start|>assistant\nIt is 42.<|im_end|>\n"),
         ("user", 4, "<|im_start|>user\nthanks<|im_end|>\n"),
