@@ -323,9 +323,8 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
     Mirrors :meth:`MemoryPool.chat` turn by turn: prefix match against the
     history, prompt decoded in ``n_batch`` chunks, and before a chunk that would
     pass the budget an eviction down to ``min(eviction_low × budget,
-    budget - chunk - 1)`` with the view the pool builds (``current_turn`` =
-    number of messages, template glue on the newest turn, ``recent`` = live
-    tokens of the newest message). Validated against the real pool: the same
+    budget - chunk - 1)`` with the view the pool builds (`LedgerView.from_ledger`,
+    the kept prefix re-tagged with each prompt's spans). Validated against the real pool: the same
     live counts and kept facts on the 1.5k trace. Seconds instead of minutes,
     so it can average over many seeds.
 
@@ -347,13 +346,14 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
         diff = np.flatnonzero(np.asarray(tok[:m]) != toks[:m])
         cp = min(int(diff[0]) if diff.size else m, len(toks) - 1)
         del tok[cp:], reg[cp:], msg[cp:], pin[cp:], live[cp:]
-        regs = np.zeros(len(toks), np.uint8)
+        regs = np.full(len(toks), REGION_CODE["text"], np.uint8)
         msgs = np.full(len(toks), -1)
         pins = np.zeros(len(toks), bool)
         for sp in rp.spans:
             regs[sp.start : sp.end] = REGION_CODE[sp.region]
             msgs[sp.start : sp.end] = sp.message
             pins[sp.start : sp.end] = sp.pinned
+        reg[:cp], msg[:cp] = regs[:cp].tolist(), msgs[:cp].tolist()  # the kept prefix re-tagged, as the pool does
         start = cp
         while start < len(toks):
             end = min(start + cfg.n_batch, len(toks))
@@ -361,12 +361,9 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
                 target = max(0, min(int(budget * cfg.eviction_low), budget - (end - start) - 1))
                 lv = np.asarray(live, bool)
                 idx = np.flatnonzero(lv)
-                mm = np.asarray(msg)[lv]
-                view = LedgerView(
-                    tokens=np.asarray(tok, np.int32)[lv], regions=np.asarray(reg, np.uint8)[lv],
-                    pinned=np.asarray(pin, bool)[lv], turn=np.where(mm < 0, n_messages, mm).astype(np.int32),
-                    current_turn=n_messages,
-                    recent=np.asarray(tok, np.int32)[(np.asarray(msg) == n_messages - 1) & lv],
+                view = LedgerView.from_ledger(
+                    np.asarray(tok, np.int32), np.asarray(reg, np.uint8), np.asarray(pin, bool),
+                    np.asarray(msg, np.int32), lv, n_messages=n_messages,
                 )
                 for s_, e_ in pol.select(view, target=target, block=cfg.eviction_block):
                     for h in idx[s_:e_]:
