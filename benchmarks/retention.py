@@ -299,6 +299,18 @@ def hit(text: str, value: str) -> bool:
     return value.lower() in text.lower()
 
 
+def kept(fact: Fact, live_text: str) -> bool:
+    """The fact's sentence is in the live text, as written or as a template's JSON wrote it.
+
+    A decision is a tool-call argument, and a template's `tojson` (Qwen's) writes the
+    quote as `\\u0027`: looking for the plain sentence only would count every such
+    decision as evicted.
+    """
+    s = fact.sentence
+    forms = {s, json.dumps(s)[1:-1], s.replace("'", "\\u0027")}
+    return any(f in live_text for f in forms)
+
+
 def run_config(
     pool: MemoryPool, agent: str, trace: Trace, *, budget: int, policy: str | None, probe: str = "cloze"
 ) -> dict[str, Any]:
@@ -330,7 +342,7 @@ def run_config(
         r = pool.chat(agent, probe_messages(trace, f, probe), max_tokens=10, temperature=0.0, stop="\n")
         reprefills += r.usage.cached_tokens == 0
         results.append({"kind": f.kind, "subject": f.subject, "value": f.value, "text": r.text,
-                        "hit": hit(r.text, f.value), "kept": f.sentence in live_text})
+                        "hit": hit(r.text, f.value), "kept": kept(f, live_text)})
     st = pool.stats()["agents"][agent]
     out = {
         "budget": budget,
@@ -408,7 +420,7 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
             start = end
     lv = np.asarray(live, bool)
     text = pool.model.detokenize(np.asarray(tok)[lv].tolist())
-    return [{"kind": f.kind, "subject": f.subject, "kept": f.sentence in text} for f in trace.facts], int(lv.sum())
+    return [{"kind": f.kind, "subject": f.subject, "kept": kept(f, text)} for f in trace.facts], int(lv.sum())
 
 
 def simulate_report(pool: MemoryPool, sizes: list[int], budgets: list[float], policies: list[str], seeds: int) -> dict[str, Any]:
