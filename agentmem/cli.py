@@ -15,6 +15,7 @@ agentmem archive rm PATH AGENT [AGENT ...]
 agentmem archive vacuum PATH
 agentmem archive search PATH QUERY [--agent AGENT] [-k K]
 agentmem bench NAME [options]      every benchmark in agentmem.bench.BENCHMARKS (switch)
+agentmem serve [options]           the OpenAI-compatible server (agentmem.server; extra [server])
 ```
 
 Errors agentmem raises on purpose (and OS errors) print one line on stderr and
@@ -313,7 +314,27 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         bench.set_defaults(handler=module.run_args)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_archive_commands, _add_bench_commands]
+# --------------------------------------------------------------------------- serve
+
+
+def _add_serve_command(sub: argparse._SubParsersAction) -> None:
+    # agentmem.server.cli imports no optional dependency; its handler says what to install.
+    from agentmem.server.cli import add_arguments, run_args
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server where every agent keeps its KV memory",
+        description="OpenAI-compatible HTTP server over one MemoryPool (see docs/server.md).",
+    )
+    add_arguments(p)
+    p.set_defaults(handler=run_args)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_archive_commands,
+    _add_bench_commands,
+    _add_serve_command,
+]
 """Functions that each add one top-level subcommand (with `handler` defaults)."""
 
 

@@ -2,38 +2,47 @@
 
 Synthetic agent traces (a system prompt with facts, user turns, assistant prose,
 decisions written as tool calls, tool results carrying facts, filler) of about
-1.5k and 4k tokens are fed to one :class:`agentmem.MemoryPool` turn by turn, as
+1.5k and 4k tokens are fed to one `agentmem.MemoryPool` turn by turn, as
 an agent framework would, with the agent's live-token budget at 25%, 50% and
 75% of the trace and each eviction policy; the full cache (no budget) is the
-baseline, in the same run, on the same model.
+baseline, in the same run, on the same model. Several models (`--model A B`)
+are measured one after the other in one sitting, so their figures share the
+machine's load.
 
 Every fact is written once as a sentence, "Fact: the key of the vault is
-'4821'.", and probed with a cloze the default 270M base model can do by
-copying: the whole trace, then a model turn started with "Fact: the key of
-the vault is '" — greedy, 10 tokens; a hit is a continuation containing the
-value. Facts the model misses even with the full cache are
-reported (absolute recall) and excluded from the relative figure (recall over
-the facts the full cache recalls).
+'4821'.", and probed after the whole trace, greedy, 10 tokens; a hit is an
+answer containing the value. Two probes (`--probe`): a *cloze* the default 270M
+base model can do by copying (a model turn started with "Fact: the key of the
+vault is '"), and a *question* for instruction-tuned models (a user turn "What
+is the key of the vault? Reply with the value only."); `auto` asks a question
+when the GGUF ships a chat template. Facts the model misses even with the full
+cache are reported (absolute recall) and excluded from the relative figure
+(recall over the facts the full cache recalls).
 
 Also measured: the pool's eviction time against the time of the turn that
 triggered it (each turn here is the prefill of the new messages only, no
 generation — a conservative denominator), and the policy's ``select`` alone on
 1.5k/4k/8k-token views.
 
-Usage::
+Usage:
 
-    python benchmarks/retention.py                 # both sizes, all budgets (~5 min on 2 cores)
-    python benchmarks/retention.py --quick         # 1.5k trace, 50% budget only
-    python benchmarks/retention.py --model PATH --sizes 1500 4000 --budgets 0.25 0.5 0.75
-    python benchmarks/retention.py --simulate 10   # kept facts only, 10 traces per size, no decoding
+```
+python benchmarks/retention.py                 # both sizes, all budgets (17-45 min on 2 cores)
+python benchmarks/retention.py --quick         # 1.5k trace, 50% budget only
+python benchmarks/retention.py --model PATH --sizes 1500 4000 --budgets 0.25 0.5 0.75
+python benchmarks/retention.py --model GEMMA.gguf QWEN.gguf --budgets 0.5 0.45   # two models, one sitting
+python benchmarks/retention.py --simulate 10   # kept facts only, 10 traces per size, no decoding
+```
 
-Writes ``bench-results/retention.json`` and prints a Markdown table.
+Writes `bench-results/retention.json` (`{"models": [report, ...], "load_before", "load_after"}`)
+and prints Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -124,6 +133,10 @@ class Fact:
     @property
     def cloze(self) -> str:
         return f"Fact: {self.subject} is '"
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.subject}? Reply with the value only."
 
 
 @dataclass
@@ -260,16 +273,47 @@ def _turn_ends(messages: list[dict[str, Any]]) -> list[int]:
     return [k + 1 for k, m in enumerate(messages) if m["role"] in ("user", "tool")]
 
 
-def probe_messages(trace: Trace, fact: Fact) -> list[dict[str, Any]]:
-    """The trace, then a model turn that starts the fact's sentence (the format continues it)."""
+PROBES = ("cloze", "question")
+
+
+def probe_messages(trace: Trace, fact: Fact, probe: str = "cloze") -> list[dict[str, Any]]:
+    """The trace, then the probe of one fact.
+
+    `cloze`: a model turn that starts the fact's sentence (the format continues it),
+    which a base model can complete by copying. `question`: a user turn asking for
+    the value, as an instruction-tuned model is used.
+    """
+    if probe == "question":
+        return trace.messages + [{"role": "user", "content": fact.question}]
     return trace.messages + [{"role": "assistant", "content": fact.cloze}]
+
+
+def pick_probe(pool: MemoryPool, probe: str) -> str:
+    """`auto`: `question` for a model whose GGUF ships a chat template (instruction-tuned), else `cloze`."""
+    if probe != "auto":
+        return probe
+    return "question" if pool.model.chat_template() else "cloze"
 
 
 def hit(text: str, value: str) -> bool:
     return value.lower() in text.lower()
 
 
-def run_config(pool: MemoryPool, agent: str, trace: Trace, *, budget: int, policy: str | None) -> dict[str, Any]:
+def kept(fact: Fact, live_text: str) -> bool:
+    """The fact's sentence is in the live text, as written or as a template's JSON wrote it.
+
+    A decision is a tool-call argument, and a template's `tojson` (Qwen's) writes the
+    quote as `\\u0027`: looking for the plain sentence only would count every such
+    decision as evicted.
+    """
+    s = fact.sentence
+    forms = {s, json.dumps(s)[1:-1], s.replace("'", "\\u0027")}
+    return any(f in live_text for f in forms)
+
+
+def run_config(
+    pool: MemoryPool, agent: str, trace: Trace, *, budget: int, policy: str | None, probe: str = "cloze"
+) -> dict[str, Any]:
     """Feed the trace turn by turn under ``budget`` (0 = full cache), then probe every fact.
 
     Per fact two things are recorded: ``kept`` — its whole sentence is still in
@@ -295,10 +339,10 @@ def run_config(pool: MemoryPool, agent: str, trace: Trace, *, budget: int, polic
     results = []
     reprefills = 0
     for f in trace.facts:
-        r = pool.chat(agent, probe_messages(trace, f), max_tokens=10, temperature=0.0, stop="\n")
+        r = pool.chat(agent, probe_messages(trace, f, probe), max_tokens=10, temperature=0.0, stop="\n")
         reprefills += r.usage.cached_tokens == 0
         results.append({"kind": f.kind, "subject": f.subject, "value": f.value, "text": r.text,
-                        "hit": hit(r.text, f.value), "kept": f.sentence in live_text})
+                        "hit": hit(r.text, f.value), "kept": kept(f, live_text)})
     st = pool.stats()["agents"][agent]
     out = {
         "budget": budget,
@@ -323,9 +367,8 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
     Mirrors :meth:`MemoryPool.chat` turn by turn: prefix match against the
     history, prompt decoded in ``n_batch`` chunks, and before a chunk that would
     pass the budget an eviction down to ``min(eviction_low × budget,
-    budget - chunk - 1)`` with the view the pool builds (``current_turn`` =
-    number of messages, template glue on the newest turn, ``recent`` = live
-    tokens of the newest message). Validated against the real pool: the same
+    budget - chunk - 1)`` with the view the pool builds (`LedgerView.from_ledger`,
+    the kept prefix re-tagged with each prompt's spans). Validated against the real pool: the same
     live counts and kept facts on the 1.5k trace. Seconds instead of minutes,
     so it can average over many seeds.
 
@@ -347,13 +390,14 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
         diff = np.flatnonzero(np.asarray(tok[:m]) != toks[:m])
         cp = min(int(diff[0]) if diff.size else m, len(toks) - 1)
         del tok[cp:], reg[cp:], msg[cp:], pin[cp:], live[cp:]
-        regs = np.zeros(len(toks), np.uint8)
+        regs = np.full(len(toks), REGION_CODE["text"], np.uint8)
         msgs = np.full(len(toks), -1)
         pins = np.zeros(len(toks), bool)
         for sp in rp.spans:
             regs[sp.start : sp.end] = REGION_CODE[sp.region]
             msgs[sp.start : sp.end] = sp.message
             pins[sp.start : sp.end] = sp.pinned
+        reg[:cp], msg[:cp] = regs[:cp].tolist(), msgs[:cp].tolist()  # the kept prefix re-tagged, as the pool does
         start = cp
         while start < len(toks):
             end = min(start + cfg.n_batch, len(toks))
@@ -361,12 +405,9 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
                 target = max(0, min(int(budget * cfg.eviction_low), budget - (end - start) - 1))
                 lv = np.asarray(live, bool)
                 idx = np.flatnonzero(lv)
-                mm = np.asarray(msg)[lv]
-                view = LedgerView(
-                    tokens=np.asarray(tok, np.int32)[lv], regions=np.asarray(reg, np.uint8)[lv],
-                    pinned=np.asarray(pin, bool)[lv], turn=np.where(mm < 0, n_messages, mm).astype(np.int32),
-                    current_turn=n_messages,
-                    recent=np.asarray(tok, np.int32)[(np.asarray(msg) == n_messages - 1) & lv],
+                view = LedgerView.from_ledger(
+                    np.asarray(tok, np.int32), np.asarray(reg, np.uint8), np.asarray(pin, bool),
+                    np.asarray(msg, np.int32), lv, n_messages=n_messages,
                 )
                 for s_, e_ in pol.select(view, target=target, block=cfg.eviction_block):
                     for h in idx[s_:e_]:
@@ -379,7 +420,7 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
             start = end
     lv = np.asarray(live, bool)
     text = pool.model.detokenize(np.asarray(tok)[lv].tolist())
-    return [{"kind": f.kind, "subject": f.subject, "kept": f.sentence in text} for f in trace.facts], int(lv.sum())
+    return [{"kind": f.kind, "subject": f.subject, "kept": kept(f, text)} for f in trace.facts], int(lv.sum())
 
 
 def simulate_report(pool: MemoryPool, sizes: list[int], budgets: list[float], policies: list[str], seeds: int) -> dict[str, Any]:
@@ -451,10 +492,14 @@ def select_cost(sizes: tuple[int, ...] = (1536, 4096, 8192), repeats: int = 200)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="GGUF path (default: the bundled Gemma 3 270M)")
+    ap.add_argument("--model", nargs="+", default=[None], metavar="GGUF",
+                    help="GGUF path(s), measured one after the other in this run (default: the bundled Gemma 3 270M)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1500, 4000], help="trace lengths in tokens")
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="budgets as fractions of the trace")
     ap.add_argument("--policies", nargs="+", default=list(POLICY_ORDER), choices=sorted(POLICIES))
+    ap.add_argument("--probe", default="auto", choices=["auto", *PROBES],
+                    help="how a fact is asked for: cloze (base models), question (instruct models); "
+                         "auto = question when the GGUF ships a chat template")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = AGENTMEM_THREADS or cores less the load)")
     ap.add_argument("--gpu-layers", type=int, default=0)
@@ -468,20 +513,65 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     out = Path(args.out)
-    n_ctx = max(args.sizes) + 1024
-    pool = MemoryPool(args.model, n_ctx=n_ctx, resident_agents=1, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    sitting: dict[str, Any] = {"load_before": _load(), "machine": f"{platform.machine()} {platform.system()}", "models": []}
+    for model in args.model:
+        report = measure_model(model, args, out, sitting) if not args.simulate else simulate_model(model, args, out)
+        sitting["models"].append(report)
     if args.simulate:
-        sim = simulate_report(pool, args.sizes, args.budgets, args.policies, args.simulate)
-        pool.close()
-        _write(out.with_name(out.stem + "-sim.json"), sim)
-        print(render_simulation(sim))
         return 0
+    sitting["load_after"] = _load()
+    sitting["wall_s"] = time.perf_counter() - t_start
+    _write(out, sitting)
+    for report in sitting["models"]:
+        print(f"\n### {Path(report['model']).name} (probe: {report['probe']})")
+        print(render_tables(report))
+    print(f"\nwrote {out} ({sitting['wall_s']:.0f} s; load {sitting['load_before']} -> {sitting['load_after']})")
+    return 0
+
+
+def _load() -> str:
+    """The 1/5/15-minute load averages (what `uptime` shows)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _open_pool(model: str | None, args: argparse.Namespace) -> MemoryPool:
+    n_ctx = max(args.sizes) + 1024
+    return MemoryPool(model, n_ctx=n_ctx, resident_agents=1, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+
+
+def simulate_model(model: str | None, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """`--simulate`: the model-free replay for one model (its tokenizer and chat format only)."""
+    pool = _open_pool(model, args)
+    try:
+        sim = simulate_report(pool, args.sizes, args.budgets, args.policies, args.simulate)
+        sim["model"] = str(pool.model_path)
+        sim["chat_format"] = pool.renderer.format.name
+    finally:
+        pool.close()
+    name = out.stem + "-sim" + (f"-{Path(sim['model']).stem}" if len(args.model) > 1 else "")
+    _write(out.with_name(name + ".json"), sim)
+    print(f"\n### {Path(sim['model']).name} ({sim['chat_format']})")
+    print(render_simulation(sim))
+    return sim
+
+
+def measure_model(model: str | None, args: argparse.Namespace, out: Path, sitting: dict[str, Any]) -> dict[str, Any]:
+    """Every trace size x budget x policy on one model, the full cache first; partial results written as they come."""
+    t_start = time.perf_counter()
+    pool = _open_pool(model, args)
+    probe = pick_probe(pool, args.probe)
     report: dict[str, Any] = {
-        "model": str(getattr(pool, "model_path", args.model or "default")),
-        "machine": f"{platform.machine()} {platform.system()}",
+        "model": str(getattr(pool, "model_path", model or "default")),
+        "chat_format": pool.renderer.format.name,
+        "probe": probe,
+        "machine": sitting["machine"],
         "config": {k: v for k, v in pool.config.to_dict().items() if k.startswith(("eviction", "n_ctx", "type_"))},
         "traces": [],
     }
+    print(f"{report['model']}: chat format {report['chat_format']}, probe {probe}", file=sys.stderr)
     for size in args.sizes:
         trace = build_trace(size, pool.count_tokens, seed=args.seed + size)
         regions: dict[str, int] = {}
@@ -492,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace ~{size}: {trace.n_tokens} tokens, {len(trace.messages)} messages, {len(trace.facts)} facts, regions {regions}", file=sys.stderr)
         entry: dict[str, Any] = {"size": size, "n_tokens": trace.n_tokens, "messages": len(trace.messages),
                                  "region_tokens": regions, "facts": [asdict(f) for f in trace.facts], "runs": []}
-        full = run_config(pool, f"full-{size}", trace, budget=0, policy=None)
+        full = run_config(pool, f"full-{size}", trace, budget=0, policy=None, probe=probe)
         entry["runs"].append(full)
         known = {f["subject"] for f in full["facts"] if f["hit"]}
         print(f"  full cache: {len(known)}/{len(trace.facts)} facts recalled", file=sys.stderr)
@@ -500,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = int(frac * trace.n_tokens)
             for name in args.policies:
                 t = time.perf_counter()
-                run = run_config(pool, f"{name}-{size}-{frac}", trace, budget=budget, policy=name)
+                run = run_config(pool, f"{name}-{size}-{frac}", trace, budget=budget, policy=name, probe=probe)
                 run["fraction"] = frac
                 entry["runs"].append(run)
                 rk = recall_by_kind(run["facts"])
@@ -508,16 +598,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:>14} @ {frac:.0%}: kept {_pct(*kk['all'])}, recalled {_pct(*rk['all'])}, "
                       f"live {run['live_after_trace']}, {run['evictions']} evictions, "
                       f"{run['probe_reprefills']} probe re-prefills ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
-                _write(out, {**report, "traces": [*report["traces"], entry], "partial": True})
+                partial = {**report, "traces": [*report["traces"], entry]}
+                _write(out, {**sitting, "models": [*sitting["models"], partial], "partial": True})
         report["traces"].append(entry)
     pool.close()
     report["select_cost"] = select_cost()
     report["wall_s"] = time.perf_counter() - t_start
-
-    _write(out, report)
-    print(render_tables(report))
-    print(f"\nwrote {out} ({report['wall_s']:.0f} s)")
-    return 0
+    return report
 
 
 def _write(path: Path, report: dict[str, Any]) -> None:

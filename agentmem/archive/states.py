@@ -100,15 +100,21 @@ class StatesMixin(ArchiveConnection):
                 "blob = excluded.blob, created = excluded.created",
                 [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, fp_json, buf, info.created],
             )
-            db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
             db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
-            if block_id is not None:
-                if db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is None:
-                    raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
-                db.execute(
-                    "INSERT INTO state_blocks(agent_id, block_id, layout) VALUES (?, ?, ?)",
-                    [agent_id, block_id, _as_buffer(layout)],
-                )
+            if block_id is not None and db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is None:
+                raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
+            old = db.execute("SELECT block_id FROM state_blocks WHERE agent_id = ?", [agent_id]).fetchone()
+            if block_id is not None and old is not None and old[0] == block_id:
+                # same block: update in place; deleting the reference first would let the
+                # unref trigger drop a block this state was its only archived reference to
+                db.execute("UPDATE state_blocks SET layout = ? WHERE agent_id = ?", [_as_buffer(layout), agent_id])
+            else:
+                db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
+                if block_id is not None:
+                    db.execute(
+                        "INSERT INTO state_blocks(agent_id, block_id, layout) VALUES (?, ?, ?)",
+                        [agent_id, block_id, _as_buffer(layout)],
+                    )
         return info
 
     _STATE_COLUMNS = "agent_id, tier, codec, n_tokens, n_bytes, checksum, fingerprint, created"

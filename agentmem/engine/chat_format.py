@@ -30,6 +30,7 @@ result or a web page cannot forge a turn.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import logging
 import threading
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from agentmem.errors import MessageError, PolicyError
+from agentmem.tools.formats import ToolFormat, get_tool_format
+from agentmem.tools.prompt import tools_prompt
 
 if TYPE_CHECKING:
     from agentmem.engine.template_sandbox import RenderLimits
@@ -53,6 +56,7 @@ __all__ = [
     "Span",
     "ToolCall",
     "normalize_messages",
+    "normalize_tools",
 ]
 
 logger = logging.getLogger(__name__)
@@ -246,6 +250,37 @@ def normalize_messages(messages: Iterable[Mapping[str, Any] | Message]) -> list[
     return out
 
 
+def normalize_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """Tools as `{"name", "description", "parameters"}` dicts; errors name the field.
+
+    >>> normalize_tools([{"type": "function", "function": {"name": "f"}}])
+    [{'name': 'f', 'description': '', 'parameters': {'type': 'object', 'properties': {}}}]
+    """
+    if not tools:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise MessageError(f"tools must be a list of dicts, got {type(tools).__name__}")
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, Mapping) and t.get("type") == "function" else t
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise MessageError(f"tools[{i}].name must be a non-empty string")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, Mapping):
+            raise MessageError(f"tools[{i}].parameters must be a JSON schema dict, got {type(params).__name__}")
+        out.append({"name": fn["name"], "description": fn.get("description") or "", "parameters": dict(params)})
+    return out
+
+
+def _with_system_text(messages: list[Message], block: str) -> list[Message]:
+    """`messages` with `block` at the end of the leading system message (or in a new one)."""
+    if messages and messages[0].role == "system":
+        head = messages[0]
+        text = f"{head.content}\n\n{block}" if head.content else block
+        return [dataclasses.replace(head, content=text), *messages[1:]]
+    return [Message("system", block), *messages]
+
+
 def tool_calls_text(calls: Sequence[ToolCall]) -> str:
     """How past tool calls are written into the prompt (the same JSON the model emits)."""
     body = ", ".join(f'{{"name": {json.dumps(c.name)}, "arguments": {c.arguments_json()}}}' for c in calls)
@@ -264,7 +299,13 @@ class ChatFormat(abc.ABC):
 
     @abc.abstractmethod
     def render(
-        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Segment]:
         """Messages → segments (parts, region, source message) in prompt order.
 
@@ -275,7 +316,16 @@ class ChatFormat(abc.ABC):
             controls: the model's control-token finder; a format that cannot keep
                 every message's text apart from its markup uses it to refuse
                 content that would become control tokens.
+            tools: the callable tools (`{"name", "description", "parameters"}`); a
+                format whose `tool_format` is native shows them the model's way,
+                the others ignore them (`ChatRenderer` has put agentmem's tools
+                block in the system message).
         """
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The syntax the model writes tool calls in under this format (agentmem's envelope here)."""
+        return get_tool_format("envelope")
 
 
 def continues_turn(messages: Sequence[Message]) -> bool:
@@ -288,7 +338,13 @@ class GemmaFormat(ChatFormat):
     name = "gemma"
 
     def render(
-        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Segment]:
         segs: list[Segment] = [Segment((markup_part(bos),), "system" if messages[0].role == "system" else "user", -1)] if bos else []
         cont = continues_turn(messages)
@@ -346,7 +402,13 @@ class ChatMLFormat(ChatFormat):
     name = "chatml"
 
     def render(
-        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Segment]:
         first = messages[0].role if messages[0].role == "system" else "user"
         segs: list[Segment] = [Segment((markup_part(bos),), first, -1)] if bos else []
@@ -436,6 +498,7 @@ class ChatRenderer:
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
+        self._tool_format: ToolFormat | None = None
         logger.debug("chat format: %s", self.format.name)
 
     def _cached(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -461,10 +524,36 @@ class ChatRenderer:
             return []
         return self._cached(("controls", text), lambda: self.model.control_strings(text))
 
-    def render(self, messages: Iterable[Mapping[str, Any] | Message]) -> RenderedPrompt:
-        """Messages → tokens with region spans (raises `MessageError`)."""
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The syntax the model writes tool calls in under this renderer's format, bound to its vocabulary."""
+        if self._tool_format is None:
+            fmt = self.format.tool_format
+            ids = {}
+            for m in fmt.markers:
+                toks = self.model.tokenize(m, add_special=False, parse_special=True)
+                if len(toks) == 1:
+                    ids[m] = toks[0]
+            self._tool_format = fmt.with_tokens(ids)
+        return self._tool_format
+
+    def render(
+        self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> RenderedPrompt:
+        """Messages → tokens with region spans (raises `MessageError`).
+
+        Args:
+            messages: the conversation.
+            tools: the callable tools, `{"name", "description", "parameters"}` each (or
+                OpenAI's `{"type": "function", "function": {...}}`). A native tool
+                format gets them through the template; otherwise agentmem's tools
+                block (`agentmem.tools.tools_prompt`) ends the system message.
+        """
         msgs = normalize_messages(messages)
-        segs = self.format.render(msgs, bos="", eos="", controls=self._controls)
+        specs = normalize_tools(tools)
+        if specs and not self.format.tool_format.native:
+            msgs = _with_system_text(msgs, tools_prompt(specs))
+        segs = self.format.render(msgs, bos="", eos="", controls=self._controls, tools=specs or None)
         tokens: list[int] = []
         spans: list[Span] = []
         if self.model.add_bos:

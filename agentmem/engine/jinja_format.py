@@ -4,16 +4,25 @@
 `agentmem.engine.template_sandbox`, finds each message's content in the render with
 unforgeable markers (so content is tokenized as text and only the template's markup
 yields control tokens), and splits the render into per-message regions in linear time.
+
+Tools reach the template as its `tools` variable (OpenAI shape) when the template
+writes calls in a native syntax (`agentmem.tools.formats`); past calls reach it as
+`tool_calls` with object arguments, which its `tojson` writes back exactly as the
+model emitted them. A template without tool support gets past calls as agentmem's
+envelope in the message content. A template that drops `name` gets the speaker's
+name in the content of user messages, as `name: content` (the built-in formats' form).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import json
 import logging
 import re
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from agentmem.engine.chat_format import (
     ChatFormat,
@@ -21,11 +30,13 @@ from agentmem.engine.chat_format import (
     Message,
     Part,
     Segment,
+    ToolCall,
     content_part,
     continues_turn,
     markup_part,
 )
 from agentmem.errors import ChatTemplateError, MessageError
+from agentmem.tools.formats import ToolFormat, detect_tool_format
 
 if TYPE_CHECKING:
     from agentmem.engine.template_sandbox import RenderLimits
@@ -33,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["JinjaFormat"]
 
 logger = logging.getLogger(__name__)
+
+_warned: set[int] = set()  # templates whose call re-render was found not to match (logged once)
 
 
 class _Markers:
@@ -127,6 +140,7 @@ class JinjaFormat(ChatFormat):
 
     name = "jinja"
     _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("agentmem_jinja_deadline", default=None)
+    _tools: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("agentmem_jinja_tools", default=None)
 
     def __init__(self, template: str, *, limits: RenderLimits | None = None) -> None:
         """Compile `template` in the limited sandbox (raises `ChatTemplateError`).
@@ -138,6 +152,55 @@ class JinjaFormat(ChatFormat):
         from agentmem.engine.template_sandbox import SandboxedTemplate
 
         self._tpl = SandboxedTemplate(template, limits)
+        self._tool_format: ToolFormat = detect_tool_format(template)
+        self.keeps_names = self._probe_names()
+        self.call_render_matches = self._probe_call_render(hash(template))
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The tool-call syntax detected in the template (`agentmem.tools.formats.detect_tool_format`)."""
+        return self._tool_format
+
+    # ---- what the template does with names and calls (probed once)
+    def _probe_names(self) -> bool:
+        """Whether the template writes a message's `name` anywhere."""
+        nonce = "n" + secrets.token_hex(6)
+        try:
+            out = self._render([Message("user", "hi", name=nonce)], True, "", "")
+        except (MessageError, ChatTemplateError):
+            return False
+        return nonce in out
+
+    def _probe_call_render(self, key: int) -> bool:
+        """Whether a past call renders back as exactly the text the model is made to emit."""
+        args = {"b": 1, "a": "x<y & 'z' é"}
+        call = Message("assistant", "", tool_calls=(ToolCall("call_1", "probe_tool", args),))
+        want = self.tool_format.render_call([("probe_tool", args)])
+        try:
+            out = self._render(self._prepared([Message("user", "hi"), call]), False, "", "")
+        except (MessageError, ChatTemplateError):
+            out = ""
+        ok = want in out
+        if not ok and key not in _warned:
+            _warned.add(key)
+            logger.warning(
+                "this chat template (tool format %r) writes past tool calls back differently from how the model "
+                "emits them; the KV of each call is re-prefilled on the next turn (see docs: native tool formats)",
+                self.tool_format.name,
+            )
+        return ok
+
+    def _prepared(self, messages: Sequence[Message]) -> list[Message]:
+        """Messages as the template gets them: speaker names and, without native tools, calls in the content."""
+        out: list[Message] = []
+        for m in messages:
+            if m.name and m.role == "user" and not self.keeps_names:
+                m = dataclasses.replace(m, content=f"{m.name}: {m.content}", name=None)
+            if m.tool_calls and not self.tool_format.native:
+                call = self.tool_format.render_call([(c.name, c.arguments) for c in m.tool_calls])
+                m = dataclasses.replace(m, content=f"{m.content.strip()}\n{call}" if m.content.strip() else call, tool_calls=())
+            out.append(m)
+        return out
 
     @staticmethod
     def _as_dict(m: Message, content: str) -> dict[str, Any]:
@@ -146,7 +209,8 @@ class JinjaFormat(ChatFormat):
             d["name"] = m.name
         if m.tool_calls:
             d["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                for c in m.tool_calls
             ]
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
@@ -158,6 +222,7 @@ class JinjaFormat(ChatFormat):
         texts = contents if contents is not None else [m.content for m in msgs]
         variables = {
             "messages": [self._as_dict(m, t) for m, t in zip(msgs, texts)],
+            "tools": self._tools.get(),
             "add_generation_prompt": gen,
             "bos_token": bos,
             "eos_token": eos,
@@ -194,18 +259,30 @@ class JinjaFormat(ChatFormat):
         return spans
 
     def render(
-        self, messages: Sequence[Message], *, bos: str, eos: str, controls: Controls | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Segment]:
+        """Segments of the template's render; `tools` reach it only when its tool format is native."""
         token = self._deadline.set(self._tpl.deadline())  # one deadline for all renders of this call
+        shown = _openai_tools(tools) if tools and self.tool_format.native else None
+        tools_token = self._tools.set(shown)
         try:
             return self._segments(messages, bos, eos, controls)
         finally:
+            self._tools.reset(tools_token)
             self._deadline.reset(token)
 
     def _segments(self, messages: Sequence[Message], bos: str, eos: str, controls: Controls | None) -> list[Segment]:
         if controls is not None:
             _refuse_controls_outside_content(messages, controls)
-        cont = continues_turn(messages)
+        calls = [bool(m.tool_calls) for m in messages]
+        cont = continues_turn(messages)  # before calls move into content (a call is never continued)
+        messages = self._prepared(messages)
         full = self._render(messages, not cont, bos, eos)
         marks = _Markers(messages)
         spans = self._locate(messages, not cont, bos, eos, full, controls, marks)
@@ -235,7 +312,7 @@ class JinjaFormat(ChatFormat):
             b = min(b, len(full))
             if b > prev:
                 m = messages[k]
-                region = "tool_call" if m.tool_calls else {"tool": "tool_result"}.get(m.role, m.role)
+                region = "tool_call" if calls[k] else {"tool": "tool_result"}.get(m.role, m.role)
                 parts, i = _split_parts(full, prev, b, spans, i)
                 segs.append(Segment(parts, region, k, m.pin))
                 prev = b
@@ -299,6 +376,29 @@ class JinjaFormat(ChatFormat):
         return None
 
 
+def _arguments(arguments: Any) -> Any:
+    """Call arguments for a template: a JSON string decoded (key order kept) so `tojson` writes an object."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`{"name", "description", "parameters"}` tools (or OpenAI-shaped ones) as templates expect them."""
+    from agentmem.tools.prompt import prompt_schema
+
+    out = []
+    for t in tools:
+        fn = t["function"] if t.get("type") == "function" and isinstance(t.get("function"), Mapping) else t
+        out.append({"type": "function", "function": {
+            "name": fn["name"], "description": (fn.get("description") or "").strip(), "parameters": prompt_schema(fn.get("parameters")),
+        }})
+    return out
+
+
 def _common_prefix(a: str, b: str) -> int:
     """Length of the common prefix of `a` and `b` (string compares in C, no per-character loop)."""
     n = min(len(a), len(b))
@@ -315,8 +415,14 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def _drop(text: str, found: Sequence[str]) -> str:
+    """`text` with its control-token strings replaced by a neutral character.
+
+    Not removed: a content ending (or made only of) a control string would then end
+    in whitespace (or be empty), which `_Markers.wrap` places differently, and the
+    markup comparison would refuse a template that does not touch content at all.
+    """
     for s in set(found):
-        text = text.replace(s, "")
+        text = text.replace(s, "\ue002")
     return text
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import functools
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -194,6 +195,18 @@ def _raise_exception(msg: str) -> None:
     raise MessageError(f"chat template rejected the messages: {msg}")
 
 
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """`tojson` as Hugging Face's chat-template renderer (and llama.cpp's) defines it.
+
+    jinja2's own filter sorts keys and HTML-escapes `<>&'`; models were trained on
+    renders with keys in their order and no escaping, and a tool call must render
+    back exactly as the model wrote it (`agentmem.tools.formats`).
+    """
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
@@ -214,6 +227,7 @@ class SandboxedTemplate:
         env = _LimitedEnvironment()
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _guard_filter("tojson", _tojson)
         try:
             self._tpl = env.from_string(source)
         except jinja2.TemplateSyntaxError as exc:

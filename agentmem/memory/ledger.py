@@ -174,6 +174,28 @@ class Ledger:
         self.n_live += k
         self.version = next(_VERSIONS)
 
+    def retag(self, n: int, spans: Sequence[Span]) -> None:
+        """Re-tag the first `n` history tokens with the regions and messages of `spans`.
+
+        A call keeps the prefix its prompt shares with the history, but the tags of
+        that prefix come from the call that decoded it: the generation prompt was
+        glue (-1) then and is the opening of an assistant message now, and a reply
+        was tagged `assistant` while the next render may call it a tool call. The
+        newest render knows best. Pins stay as they are: `MemoryPool.pin` sets them
+        outside any render.
+        """
+        n = max(0, min(n, self._n))
+        if n == 0:
+            return
+        reg, msg = self._a["reg"], self._a["msg"]
+        reg[:n] = _REGION_CODE["text"]
+        msg[:n] = -1
+        for s in spans:
+            lo, hi = s.start, min(s.end, n)
+            if lo < hi:
+                reg[lo:hi] = _REGION_CODE[s.region]
+                msg[lo:hi] = s.message
+
     def evict_live(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """Mark live positions ``[s, e)`` as evicted; returns their history indices."""
         live_idx = np.flatnonzero(self._a["live"][: self._n])

@@ -18,21 +18,19 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from agentmem.config import PoolConfig
-from agentmem.engine.chat_format import ChatRenderer, Message, RenderedPrompt
-from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
-from agentmem.engine.sampling import SamplingParams
 import agentmem.validation as check
+from agentmem.archive import EvictedSpan
+from agentmem.config import PoolConfig
+from agentmem.engine.chat_format import Message
+from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
-from agentmem.archive import Archive, EvictedSpan
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
-from agentmem.memory.tiers import build_tiers
-from agentmem.model import model_fingerprint, resolve_model_path
-from agentmem.policy.placement import get_policy, priority_weight
+from agentmem.policy.placement import priority_weight
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.mover import Mover
+from agentmem.pool.opening import open_core
 from agentmem.pool.persist import Persister
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.residency import Residency
@@ -43,6 +41,7 @@ from agentmem.pool.stats import pool_stats
 from agentmem.pool.swa import window_rules
 from agentmem.pool.trimming import Trimmer
 from agentmem.pool.turn import TurnRunner
+from agentmem.tools.formats import ToolFormat
 
 __all__ = ["MemoryPool"]
 
@@ -97,58 +96,10 @@ class MemoryPool:
         self.config = base.replace(**options) if options else base
         cfg = self.config
         self._closed = True  # until fully built, close() is a no-op
-        self.model_path = resolve_model_path(cfg.model_path)
-        # validate names before loading anything heavy
-        placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
-                               **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
-        if cfg.agent_budget_tokens:
-            PoolCore.eviction_policy(cfg.eviction)
-        self.model = LlamaModel(self.model_path, n_gpu_layers=cfg.n_gpu_layers)
-        archive: Archive | None = None
-        try:
-            self.ctx = LlamaContext(
-                self.model,
-                ContextParams(
-                    n_ctx=cfg.n_ctx,
-                    n_seq_max=cfg.resident_agents,
-                    n_batch=cfg.n_batch,
-                    n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
-                    n_threads=cfg.n_threads,
-                    flash_attn=cfg.flash_attn,
-                    type_k=cfg.type_k,
-                    type_v=cfg.type_v,
-                    swa_full=cfg.swa_full,
-                    kv_unified=True,
-                ),
-            )
-            self.renderer = ChatRenderer(self.model, cfg.chat_format)
-            self.fingerprint = {
-                "model": model_fingerprint(self.model_path),
-                "type_k": cfg.type_k,
-                "type_v": cfg.type_v,
-                "flash_attn": cfg.flash_attn,
-                "swa_full": cfg.swa_full,
-                "n_seq_max": cfg.resident_agents,
-                "kv_unified": True,
-                "llama": llama_build_info(),
-            }
-            if cfg.archive_path:
-                archive = Archive(cfg.archive_path)
-            tiers = build_tiers(archive=archive, fingerprint=self.fingerprint)
-            # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
-            recall_store = archive or Archive(":memory:")
-        except BaseException:
-            if archive is not None:
-                archive.close()
-            if hasattr(self, "ctx"):
-                self.ctx.close()
-            self.model.close()
-            raise
-        self.capacity = min(cfg.agent_capacity or cfg.n_ctx, self.ctx.n_ctx_seq)
-        self._core = core = PoolCore(
-            config=cfg, model=self.model, ctx=self.ctx, tiers=tiers, archive=archive, recall_store=recall_store,
-            placement=placement, fingerprint=self.fingerprint, capacity=self.capacity,
-        )
+        self._core = core = open_core(cfg)
+        self.model_path, self.model, self.ctx = core.model_path, core.model, core.ctx
+        self.renderer, self.fingerprint, self.capacity = core.renderer, core.fingerprint, core.capacity
+        archive = core.archive
         for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
             core.codec(spec)
         self._wire(core)
@@ -245,6 +196,7 @@ class MemoryPool:
         max_tokens: int = 256,
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **sampling: Any,
     ) -> ChatResult:
         """Continue `agent_id`'s conversation and return the reply.
@@ -254,13 +206,18 @@ class MemoryPool:
         options: `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
         `grammar` (GBNF).
 
+        `tools` (`{"name", "description", "parameters"}` each) are shown to the model
+        the way `tool_format` says: through the chat template when it has native tool
+        support, else as agentmem's tools block at the end of the system message. Pass
+        the same tools on every call of an agent: they are part of its prompt prefix.
+
         Raises:
             MessageError: a malformed message (the error names the field).
             ContextOverflowError: the prompt does not fit `capacity` (and the
                 agent has no token budget to evict down to).
         """
         return self.chat_stream(
-            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
+            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, tools=tools, **sampling
         ).drain()
 
     def chat_stream(
@@ -271,6 +228,7 @@ class MemoryPool:
         max_tokens: int = 256,
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **sampling: Any,
     ) -> ChatStream:
         """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
@@ -281,7 +239,7 @@ class MemoryPool:
         check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
-        prompt = self.renderer.render(msgs)
+        prompt = self.renderer.render(msgs, tools=tools)
         return ChatStream(self._turns.run(agent_id, prompt, params, n_messages=len(msgs)))
 
     def complete(
@@ -313,8 +271,6 @@ class MemoryPool:
         self._check_open()
         check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
-        if not isinstance(prompt, str):
-            raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
         return ChatStream(self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1))
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
@@ -447,23 +403,11 @@ class MemoryPool:
         msgs = check.message_list(messages)
         if not msgs:
             raise ConfigError(f"share {name!r} needs at least one message")
-        # Render with a following user turn and keep what precedes it: that is exactly
-        # the prefix agents' prompts (shared messages + their own turns) start with.
-        rendered = self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}])
-        spans = [sp for sp in rendered.spans if 0 <= sp.message < len(msgs) or (sp.message == -1 and sp.start == 0)]
-        end = spans[-1].end if spans else 0
-        if end < 1:
-            raise ConfigError(f"share {name!r} renders to no tokens")
-        prefix = RenderedPrompt(rendered.tokens[:end], spans)
-        ChatStream(self._turns.run(SHARE_PREFIX + name, prefix, SamplingParams(max_tokens=0), n_messages=len(msgs))).drain()
-        core = self._core
-        with core.lock:
-            sh = core.agents.get(SHARE_PREFIX + name)
-            if sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end:
-                b = self._blocks.of(sh)
-                if b is None or b.n_tokens != end:
-                    self._blocks.join(sh, self._blocks.new(sh))
-        return end
+        return self._sharing.declare(
+            name, self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}]), len(msgs),
+            decode=lambda agent_id, prefix, n: ChatStream(
+                self._turns.run(agent_id, prefix, SamplingParams(max_tokens=0), n_messages=n)).drain(),
+        )
 
     def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
         """Start `dst`'s context as `src`'s (its first `upto` history tokens), without recompute.
@@ -473,7 +417,7 @@ class MemoryPool:
         destination then diverges copy-on-write; the source is unaffected.
         """
         self._check_open()
-        check.agent_id(src, field="src")
+        check.agent_id(src, field="src", internal=True)  # a declared share may be handed off
         check.agent_id(dst, field="dst")
         if upto is not None:
             check.bounded_int(upto, field="upto", lo=1)
@@ -508,10 +452,20 @@ class MemoryPool:
         with self._core.lock:
             return self._core.agent(agent_id).ledger.tokens.tolist()
 
-    def count_tokens(self, messages: Iterable[Mapping[str, Any] | Message]) -> int:
-        """Prompt tokens the messages render to (chat template included)."""
+    def count_tokens(
+        self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> int:
+        """Prompt tokens the messages (and `tools`, as `chat` shows them) render to, chat template included."""
         self._check_open()
-        return len(self.renderer.render(check.message_list(messages)))
+        return len(self.renderer.render(check.message_list(messages), tools=tools))
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The syntax this model writes tool calls in (`agentmem.tools.formats`), from its chat format.
+
+        Integrations parse replies, build forced-call grammars and stream with it.
+        """
+        return self.renderer.tool_format
 
     # ------------------------------------------------------------------ durability
     def checkpoint(self) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.errors import AgentMemError, ConfigError, StateError
 from agentmem.memory.ledger import Ledger
-from agentmem.memory.shared import HandoffCard, token_checksum
+from agentmem.memory.shared import SHARE_PREFIX, HandoffCard, token_checksum
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.mover import Mover
 from agentmem.pool.residency import Residency
@@ -187,3 +188,26 @@ class Sharing:
             fingerprint=core.fingerprint["model"], checksum=token_checksum(d.ledger.tokens[:n]),
             block=blk.id if blk else None, block_tokens=blk.n_tokens if blk else 0,
         )
+
+    def declare(self, name: str, rendered: RenderedPrompt, n_messages: int,
+                decode: Callable[[str, RenderedPrompt, int], Any]) -> int:
+        """Decode a declared share once (as agent `share:<name>`) and make it a block; its token count.
+
+        `rendered` is the share's messages followed by a placeholder user turn: what
+        precedes that turn is exactly the prefix agents' prompts (shared messages +
+        their own turns) start with. `decode(agent_id, prefix, n_messages)` runs the
+        prefill (a call with no generation; the lock is not held).
+        """
+        spans = [sp for sp in rendered.spans if 0 <= sp.message < n_messages or (sp.message == -1 and sp.start == 0)]
+        end = spans[-1].end if spans else 0
+        if end < 1:
+            raise ConfigError(f"share {name!r} renders to no tokens")
+        decode(SHARE_PREFIX + name, RenderedPrompt(rendered.tokens[:end], spans), n_messages)
+        core = self.core
+        with core.lock:
+            sh = core.agents.get(SHARE_PREFIX + name)
+            if sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end:
+                b = self.blocks.of(sh)
+                if b is None or b.n_tokens != end:
+                    self.blocks.join(sh, self.blocks.new(sh))
+        return end

@@ -22,7 +22,10 @@ from agentmem.memory.shared import BlockStore, PrefixIndex
 from agentmem.policy.placement import AgentInfo, PlacementPolicy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentmem.config import PoolConfig
+    from agentmem.engine.chat_format import ChatRenderer
     from agentmem.engine.context import LlamaContext, LlamaModel
     from agentmem.archive import Archive
     from agentmem.memory.tiers import Tier
@@ -108,8 +111,10 @@ class PoolCore:
         self,
         *,
         config: PoolConfig,
+        model_path: Path,
         model: LlamaModel,
         ctx: LlamaContext,
+        renderer: ChatRenderer,
         tiers: dict[str, Tier],
         archive: Archive | None,
         recall_store: Archive,
@@ -118,8 +123,10 @@ class PoolCore:
         capacity: int,
     ) -> None:
         self.config = config
+        self.model_path = model_path
         self.model = model
         self.ctx = ctx
+        self.renderer = renderer
         self.tiers = tiers
         self.archive = archive
         self.recall_store = recall_store

@@ -35,14 +35,8 @@ class Trimmer:
     def view(self, a: AgentState) -> LedgerView:
         """What the eviction policy sees of `a`'s live tokens."""
         led = a.ledger
-        live = led.live
-        msg = led.messages[live]
-        turn = np.where(msg < 0, a.n_messages, msg).astype(np.int32)
-        last_msg = a.n_messages - 1
-        recent = led.tokens[(led.messages == last_msg) & live] if last_msg >= 0 else np.zeros(0, np.int32)
-        return LedgerView(
-            tokens=led.live_tokens(), regions=led.regions[live], pinned=led.pinned[live], turn=turn,
-            current_turn=a.n_messages, recent=recent,
+        return LedgerView.from_ledger(
+            led.tokens, led.regions, led.pinned, led.messages, led.live, n_messages=a.n_messages
         )
 
     def evict(self, a: AgentState, target: int) -> float:

@@ -4,6 +4,8 @@
 for every framework.
 `grammar.py` turns JSON schemas and tool lists into canonically spaced GBNF grammars on
 llama-cpp-python's public converter, and splits off the text a grammar forces.
+`formats.py` knows the tool-call syntax of each model family (Qwen/Hermes, Llama 3,
+Mistral, agentmem's own envelope) as strategy objects: render, grammar, parse, detect.
 `parse.py` reads the `{"tool_calls": [...]}` envelope (strictly, or leniently out of free
 text) and tells a stream when to hold a reply back.
 `registry.py` keeps one shared pool per configuration in the process, closed by its last
@@ -27,6 +29,7 @@ from .grammar import (
     tool_call_continuation,
     tool_call_grammar,
 )
+from .formats import TOOL_FORMATS, ToolFormat, arguments_text, detect_tool_format, get_tool_format
 from .parse import (
     TOOL_CALL_OPEN,
     ParsedCall,
@@ -44,16 +47,21 @@ __all__ = [
     "JSON_OBJECT_GRAMMAR",
     "TOOL_CALL_FORMAT",
     "TOOL_CALL_OPEN",
+    "TOOL_FORMATS",
     "ParsedCall",
     "PoolFactory",
     "SharedPool",
+    "ToolFormat",
     "acquire",
+    "arguments_text",
     "call_or_document_grammar",
     "choice_grammar",
     "clean_schema",
     "close_shared_pools",
     "closed_parameters",
+    "detect_tool_format",
     "find_tool_calls",
+    "get_tool_format",
     "integer_range",
     "json_prompt",
     "looks_like_tool_call",

@@ -58,6 +58,7 @@ _TOKEN_RE = re.compile(
     r'"(?:\\.|[^"\\])*"'
     r"|\[(?:\\.|[^\]\\])*\]"
     r"|\{\d+(?:,\d*)?\}"
+    r"|!?<\[\d+\]>|!?<[^\s<>\"]+>"  # token references: <[151657]>, <tool_call>
     r"|[A-Za-z0-9-]+"
     r"|\s+"
     r"|."
@@ -417,6 +418,9 @@ def split_forced_prefix(grammar: str, *, keep: Iterable[str] = ()) -> tuple[str,
                 prefix += _unescape(head)
             except ValueError:
                 break
+            tokens = tokens[1:]
+        elif head.startswith("<") and not head.startswith("<[") and len(tokens) > 1:
+            prefix += head  # a token named by its text: the text tokenizes back to it in the prompt
             tokens = tokens[1:]
         elif head in rules and head not in opaque:
             body = _tokens(rules[head])

@@ -9,6 +9,7 @@ kept KV instead of being prefilled again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
@@ -32,16 +33,15 @@ from typing_extensions import Self
 from agentmem import ChatResult, MemoryPool, PoolConfig
 from agentmem.tools import (
     JSON_OBJECT_GRAMMAR,
+    ToolFormat,
     acquire,
-    call_or_document_grammar,
+    get_tool_format,
     choice_grammar,
-    looks_like_tool_call,
     opens_tool_call,
     register,
     release,
     schema_grammar,
     text_before_json,
-    tool_call_continuation,
     tools_prompt,
     with_system_block,
 )
@@ -110,6 +110,7 @@ class _Plan:
     prefix: Optional[str] = None  # start of the reply, given in the prompt (forced tool call)
     retry: Optional[tuple[str, str]] = None  # (prefix, grammar) redoing a malformed call in auto mode
     stream_text: bool = True  # pieces are text for the caller (not a tool call)
+    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
 
     @property
     def forced(self) -> bool:
@@ -153,10 +154,13 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     text, result = "".join(pieces[:-1]), pieces[-1]   # result.usage, result.cached
     ```
 
-    Tools: `tools` are described in the system prompt (`agentmem.tools.tools_prompt`, the
-    same text every agentmem integration shows the model) and a call is the JSON
-    `{"tool_calls": [{"name": ..., "arguments": {...}}]}` — the same text the
-    prompt renders past calls in, so the agent's KV stays a prefix. With
+    Tools: a model whose chat template knows tools (Qwen2.5, Llama 3.1+, Mistral) gets
+    them through its template and calls them in its own syntax
+    (`agentmem.tools.formats`, e.g. `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`);
+    otherwise they are described in the system prompt (`agentmem.tools.tools_prompt`)
+    and a call is the JSON `{"tool_calls": [{"name": ..., "arguments": {...}}]}`. Either
+    way a call is the same text the next prompt renders it back as, so the agent's KV
+    stays a prefix. With
     `tool_choice="required"` or a specific `Tool` the reply is constrained to a
     valid call by a grammar; with `"auto"` the model answers freely and a
     malformed call attempt is redone under the grammar; `"none"` returns text.
@@ -244,7 +248,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                 cfg = pool_config or PoolConfig()
             self._pool, self._owns_pool = acquire(cfg, _open_pool)
         self._agent_id = agent_id
-        self._tool_blocks: dict[str, str] = {}  # agent id -> tools block last shown to it
+        self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False
         self._last_usage = RequestUsage(prompt_tokens=0, completion_tokens=0)
         self._total_usage = RequestUsage(prompt_tokens=0, completion_tokens=0)
@@ -310,8 +314,8 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         """Prompt tokens `messages` render to through the model's chat template (tools block included)."""
         agent = self._resolve_agent_id()
-        block = tools_prompt(tool_schemas(tools)) if tools else self._tool_blocks.get(agent)
-        return self._pool.count_tokens(with_system_block(to_agentmem_messages(messages), block))
+        conv, kw = self._with_tools(to_agentmem_messages(messages), tool_schemas(tools) or self._agent_tools.get(agent, []))
+        return self._pool.count_tokens(conv, **kw)
 
     def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         """Tokens left in the agent's capacity after `messages`."""
@@ -390,6 +394,21 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         )
 
     # ------------------------------------------------------------------ internals
+    def _with_tools(
+        self, conv: list[dict[str, Any]], schemas: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The conversation and pool keywords that show `schemas` to the model.
+
+        A native tool format gets them through the chat template (`tools=`); otherwise
+        agentmem's tools block ends the system message.
+        """
+        if not schemas:
+            return conv, {}
+        if self._pool.tool_format.native:
+            shown = [{"name": s["name"], "description": s.get("description") or "", "parameters": s.get("parameters") or {}} for s in schemas]
+            return conv, {"tools": shown}
+        return with_system_block(conv, tools_prompt(schemas)), {}
+
     def _resolve_agent_id(self) -> str:
         if self._agent_id is not None:
             return self._agent_id
@@ -418,11 +437,12 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         schemas = tool_schemas(tools)
         names = [s["name"] for s in schemas]
         if schemas:
-            block = tools_prompt(schemas)
-            self._tool_blocks[agent] = block
-        else:
-            block = self._tool_blocks.get(agent)  # keep the prompt (and so the KV prefix) stable
-        conv = with_system_block(conv, block)
+            self._agent_tools[agent] = schemas
+        # keep the prompt (and so the KV prefix) stable on calls without tools
+        conv, tools_kw = self._with_tools(conv, schemas or self._agent_tools.get(agent, []))
+        sampling.update(tools_kw)
+        fmt = self._pool.tool_format
+        parallel = self._parallel and fmt.parallel
 
         # which tools the reply may / must call
         if isinstance(tool_choice, Tool):
@@ -454,18 +474,18 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             raise ValueError("a 'grammar' create arg cannot be combined with json_output or a forced tool_choice")
 
         if forced:
-            prefix, grammar = tool_call_continuation(forced, parallel=self._parallel)
-            return _Plan(agent, conv, sampling, grammar, allowed, prefix=prefix, stream_text=False)
+            prefix, grammar = fmt.continuation(forced, parallel=parallel)
+            return _Plan(agent, conv, sampling, grammar, allowed, prefix=prefix, stream_text=False, fmt=fmt)
         if allowed and json_grammar is not None:
             # A JSON reply or a tool call: one grammar admits both; the parse decides.
             if json_output is not True:
-                json_grammar = call_or_document_grammar(
-                    schemas, json_output.model_json_schema(), parallel=self._parallel
-                )
-            return _Plan(agent, conv, sampling, json_grammar, allowed, stream_text=False)
+                json_grammar = fmt.call_or_document(schemas, json_output.model_json_schema(), parallel=parallel)
+            elif fmt.native:  # the envelope is a JSON object; a native call is not
+                json_grammar = fmt.call_or_document(schemas, {"type": "object"}, parallel=parallel)
+            return _Plan(agent, conv, sampling, json_grammar, allowed, stream_text=False, fmt=fmt)
         if allowed:
-            retry = tool_call_continuation(schemas, parallel=self._parallel)
-            return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry)
+            retry = fmt.continuation(schemas, parallel=parallel)
+            return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry, fmt=fmt)
         if json_grammar is None and user_grammar is None and self._speaker_selection:
             names = candidate_names(conv)
             if names:
@@ -548,7 +568,10 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                     lead = "".join(held).lstrip()
                     if not lead:
                         continue
-                    holding = bool(plan.tool_names) and bool(opens_tool_call(lead, lenient=True))
+                    opens = _opens(plan, lead)
+                    if opens is None:
+                        continue  # could still be a call: keep holding
+                    holding = bool(plan.tool_names) and opens
                     if not holding:
                         for piece in held:
                             yield piece
@@ -572,20 +595,29 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         thought: str | None = None
         finish: FinishReasons = "length" if r1.finish_reason == "length" else "stop"
         if plan.tool_names:
-            parsed = parse_tool_calls(text, plan.tool_names)
-            if parsed is None and plan.retry is not None and looks_like_tool_call(text, plan.tool_names):
+            written = text  # the reply as the model wrote it (the forced prefix included)
+            parsed = parse_tool_calls(text, plan.tool_names, plan.fmt)
+            if parsed is None and plan.retry is not None and plan.fmt.looks_like_call(text, plan.tool_names):
                 logger.debug("agent %r: malformed tool call %r; redoing it under the grammar", plan.agent_id, text[:80])
                 prefix, grammar = plan.retry
                 r2 = await self._generate(plan, grammar, prefix, token)
                 results.append(r2)
-                parsed = parse_tool_calls(prefix + r2.text, plan.tool_names)
+                written = prefix + r2.text
+                parsed = parse_tool_calls(written, plan.tool_names, plan.fmt)
                 if parsed is not None:
-                    parsed = (parsed[0], text_before_json(text))
+                    j = text.find(plan.fmt.opener) if plan.fmt.native else -1
+                    parsed = (parsed[0], text[:j].strip() if j != -1 else text_before_json(text))
             if parsed is not None:
                 content, before = parsed
                 thought = before or None
                 finish = "function_calls"
                 unsent = ""
+                back = plan.fmt.written_back(before, [(c.name, c.arguments) for c in content]) if plan.fmt.native else None
+                if back is not None and back != written.strip():
+                    # The model wrote the call in another shape than its template writes it back:
+                    # put the template's form in the KV now (prefill only), so the next call keeps it.
+                    quiet = dataclasses.replace(plan, sampling={**plan.sampling, "max_tokens": 0})
+                    results.append(await self._generate(quiet, None, back, token))
             elif plan.forced:
                 logger.warning(
                     "agent %r: forced tool call did not complete (finish=%s, %d tokens): %r",
@@ -610,6 +642,17 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             cached=r1.usage.cached_tokens > 0,
             thought=thought,
         )
+
+
+def _opens(plan: _Plan, lead: str) -> bool | None:
+    """Whether a streamed reply opening with `lead` may be a call (None: not known yet)."""
+    if not plan.tool_names:
+        return False
+    if plan.fmt.native:
+        native = plan.fmt.opens_call(lead)
+        if native is not False:
+            return native
+    return opens_tool_call(lead, lenient=True)
 
 
 def _open_pool(config: PoolConfig) -> MemoryPool:

@@ -4,8 +4,8 @@
   carrying `FunctionCall`s and a `FunctionExecutionResultMessage` (one `tool` message
   per result).
 * `tool_schemas`: `Tool`/`ToolSchema` → the plain schema dicts `agentmem.tools` takes.
-* `parse_tool_calls`: a tool call found in text (`agentmem.tools.find_tool_calls`) as
-  `FunctionCall`s.
+* `parse_tool_calls`: a tool call found in text (in the model's syntax,
+  `agentmem.tools.ToolFormat.find`) as `FunctionCall`s.
 * `candidate_names`: the speaker names a `SelectorGroupChat` selection prompt offers.
 
 The tools prompt, the grammars and the call format are agentmem's one tool-call
@@ -31,7 +31,7 @@ from autogen_core.models import (
 from autogen_core.tools import Tool, ToolSchema
 
 from agentmem.errors import MessageError
-from agentmem.tools import find_tool_calls, new_call_id
+from agentmem.tools import ToolFormat, get_tool_format, new_call_id
 
 __all__ = ["candidate_names", "parse_tool_calls", "to_agentmem_messages", "tool_schemas"]
 
@@ -110,14 +110,17 @@ def tool_schemas(tools: Sequence[Tool | ToolSchema]) -> list[dict[str, Any]]:
     return out
 
 
-def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[list[FunctionCall], str] | None:
+def parse_tool_calls(
+    text: str, names: Sequence[str], fmt: ToolFormat | None = None
+) -> tuple[list[FunctionCall], str] | None:
     """Find a tool call in `text`: `(calls, text_before_it)`, or `None`.
 
-    Accepts the prompt's format `{"tool_calls": [...]}` and a bare
+    Accepts `fmt`'s syntax (the model's native one, e.g. `<tool_call>` JSON; default:
+    agentmem's envelope `{"tool_calls": [...]}`) and a bare
     `{"name": ..., "arguments": {...}}`, possibly inside a code fence. Only
     tools in `names` count.
     """
-    found = find_tool_calls(text, names)
+    found = (fmt or get_tool_format("envelope")).find(text, names)
     if found is None:
         return None
     calls, before = found

@@ -1,8 +1,9 @@
 """Tools in LangChain's terms: bound tools and `tool_choice` normalized, replies read as `ToolCall`s.
 
-The prompt text, the grammars and the envelope parsing are agentmem's one tool-call
-protocol (`agentmem.tools`); this module only converts LangChain's tool objects and
-choices into it and its parsed calls into LangChain's `ToolCall` / `InvalidToolCall`.
+The prompt text, the grammars and the call syntaxes (`agentmem.tools.formats`: the
+model's native one, or agentmem's envelope) are agentmem's one tool-call protocol
+(`agentmem.tools`); this module only converts LangChain's tool objects and choices
+into it and its parsed calls into LangChain's `ToolCall` / `InvalidToolCall`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any, Mapping, Sequence
 from langchain_core.messages import InvalidToolCall, ToolCall
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from agentmem.tools import clean_schema, new_call_id, parse_envelope
+from agentmem.tools import ToolFormat, clean_schema, get_tool_format, new_call_id
 
-__all__ = ["ToolSpec", "normalize_tool_choice", "normalize_tools", "parse_tool_calls"]
+__all__ = ["ToolSpec", "find_tool_calls", "normalize_tool_choice", "normalize_tools", "parse_tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +72,13 @@ def normalize_tool_choice(choice: Any, names: Sequence[str]) -> str:
     )
 
 
-def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[InvalidToolCall]] | None:
-    """Parse a reply that is a tool-call envelope; `None` if it is not one.
+def parse_tool_calls(text: str, fmt: ToolFormat | None = None) -> tuple[list[ToolCall], list[InvalidToolCall]] | None:
+    """Parse a reply that is a tool call in `fmt`'s syntax (default: the envelope); `None` if it is not one.
 
-    A reply that starts like an envelope but is not valid JSON (cut off by
-    `max_tokens`, say) gives one `InvalidToolCall` with the error.
+    A reply that starts like a call but does not parse (cut off by `max_tokens`,
+    say) gives one `InvalidToolCall` with the error.
     """
-    parsed = parse_envelope(text)
+    parsed = (fmt or get_tool_format("envelope")).parse(text)
     if parsed is None:
         return None
     calls: list[ToolCall] = []
@@ -91,3 +92,12 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[InvalidToolCall]] 
                 InvalidToolCall(type="invalid_tool_call", name=c.name, args=c.raw, id=new_call_id(), error=c.error)
             )
     return calls, invalid
+
+
+def find_tool_calls(text: str, names: Sequence[str], fmt: ToolFormat) -> tuple[list[ToolCall], str] | None:
+    """Valid calls to `names` anywhere in `text` (`fmt`'s syntax first): `(calls, text_before)`, or `None`."""
+    found = fmt.find(text, names)
+    if found is None:
+        return None
+    calls, before = found
+    return [ToolCall(type="tool_call", name=c.name or "", args=c.arguments or {}, id=new_call_id()) for c in calls], before

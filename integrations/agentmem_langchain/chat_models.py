@@ -22,18 +22,18 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from agentmem import ChatResult as PoolResult
 from agentmem.tools import (
     JSON_OBJECT_GRAMMAR,
+    ToolFormat,
+    get_tool_format,
     json_prompt,
-    opens_tool_call,
     schema_grammar,
     split_forced_prefix,
-    tool_call_grammar,
     tools_prompt,
     with_system_block,
 )
 
 from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
 from ._messages import to_pool_messages
-from ._tools import ToolSpec, normalize_tool_choice, normalize_tools, parse_tool_calls
+from ._tools import ToolSpec, find_tool_calls, normalize_tool_choice, normalize_tools, parse_tool_calls
 
 __all__ = ["ChatAgentMem"]
 
@@ -55,11 +55,11 @@ _CALL_KEYS = {
 
 
 @functools.lru_cache(maxsize=256)
-def _tool_grammar(tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
+def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
     tools = json.loads(tools_json)
     if only is not None:
         tools = [t for t in tools if t["name"] == only]
-    return split_forced_prefix(tool_call_grammar(tools, parallel=parallel))
+    return fmt.forced(tools, parallel=parallel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -99,6 +99,7 @@ class _Call:
     prefix: str = ""
     tool_names: tuple[str, ...] = ()
     forced: Callable[[], _Call] | None = None  # auto mode: the same call with a call forced
+    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
 
     def pool_messages(self) -> list[dict[str, Any]]:
         if not self.prefix:
@@ -112,6 +113,29 @@ class _Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
     retry: bool = False
+    rewrite: str | None = None  # the call as the template writes it back, when the model wrote it otherwise
+
+
+def _written_back(call: _Call, full: str, reply: _Reply) -> _Reply:
+    """`reply`, marked for a rewrite when its calls are not written the way the template writes them back.
+
+    A model may write a call in another shape than its template's (a bare JSON object,
+    other spacing); the next prompt renders the template's form, and the KV of the
+    call would be re-prefilled then. `_rewrite_call` puts the template's form in the KV now.
+    """
+    if not call.fmt.native or not reply.tool_calls or reply.invalid_tool_calls:
+        return reply
+    back = call.fmt.written_back(reply.content, [(c["name"], c["args"]) for c in reply.tool_calls])
+    if back != full.strip():
+        reply.rewrite = back
+    return reply
+
+
+def _rewrite_call(call: _Call, reply: _Reply) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """Pool arguments that prefill `reply.rewrite` as the agent's reply (nothing is generated)."""
+    assert reply.rewrite is not None
+    keep = {k: v for k, v in call.sampling.items() if k == "tools"}
+    return call.agent_id, [*call.messages, {"role": "assistant", "content": reply.rewrite}], {**keep, "max_tokens": 0}
 
 
 def _read(call: _Call, text: str) -> _Reply:
@@ -119,15 +143,19 @@ def _read(call: _Call, text: str) -> _Reply:
     full = call.prefix + text
     if call.mode in ("text", "json"):
         return _Reply(content=full)
-    parsed = parse_tool_calls(full)
+    parsed = parse_tool_calls(full, call.fmt)
     if call.mode == "auto":
+        if parsed is None and call.fmt.native:  # a native call after some text: the text is the content
+            found = find_tool_calls(full, call.tool_names, call.fmt)
+            if found is not None:
+                return _written_back(call, full, _Reply(content=found[1], tool_calls=found[0]))
         if parsed is None:
             return _Reply(content=full)
         calls, invalid = parsed
         bad = invalid or not calls or any(c["name"] not in call.tool_names for c in calls)
         if bad and call.forced is not None:
             return _Reply(retry=True)
-        return _Reply(tool_calls=calls, invalid_tool_calls=invalid)
+        return _written_back(call, full, _Reply(tool_calls=calls, invalid_tool_calls=invalid))
     if parsed is None:  # cannot happen under the grammar, unless cut by a stop string
         return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=full, id=None, error="no tool-call JSON in the reply")])
     calls, invalid = parsed
@@ -139,7 +167,7 @@ class _Holder:
 
     Text replies stream as they come. A forced tool call is held to the end (it
     arrives as tool-call chunks). In `auto` mode the start of a reply is held
-    while it could still be a tool call (`{"tool_calls"`...).
+    while it could still be a tool call (in the model's syntax, `call.fmt`).
     """
 
     def __init__(self, call: _Call) -> None:
@@ -152,7 +180,7 @@ class _Holder:
             return piece
         self.held += piece
         if self.decided is None:
-            opens = opens_tool_call(self.held)
+            opens = self.call.fmt.opens_call(self.held)
             if opens:
                 self.decided = "tool"
             elif opens is False:
@@ -355,6 +383,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         agent = self._agent_from(kwargs)
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
+        fmt = self.get_pool().tool_format
         grammar = kwargs.get("grammar")
         tools = kwargs.get("tools") or []
         choice = kwargs.get("tool_choice") or "auto"
@@ -370,20 +399,23 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             specs = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters") or {}) for t in tools]
             names = tuple(s.name for s in specs)
             choice = normalize_tool_choice(choice, names)
-            msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
-            parallel = bool(kwargs.get("parallel_tool_calls", False))
+            if fmt.native:  # the model's own template shows the tools
+                sampling = {**sampling, "tools": [s.as_dict() for s in specs]}
+            else:
+                msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
+            parallel = bool(kwargs.get("parallel_tool_calls", False)) and fmt.parallel
             tools_json = json.dumps([s.as_dict() for s in specs])
 
             def forced(only: str | None = None) -> _Call:
-                prefix, g = _tool_grammar(tools_json, only, parallel)
-                return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names)
+                prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
+                return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
             if choice == "required":
                 return forced()
             if choice in names:
                 return forced(choice)
             if choice == "auto":
-                return _Call(agent, msgs, sampling, "auto", "", names, forced=forced)
+                return _Call(agent, msgs, sampling, "auto", "", names, forced=forced, fmt=fmt)
             # "none": tools stay described (same prompt prefix, same kept KV) but are not called
         if response_format is not None and not (tools and choice != "none"):
             schema = _response_schema(response_format)
@@ -424,6 +456,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(pool.chat(agent, msgs, **kw))
         message = AIMessage(
             content=reply.content,
             tool_calls=reply.tool_calls,
@@ -449,6 +484,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(await pool.achat(agent, msgs, **kw))
         message = AIMessage(
             content=reply.content,
             tool_calls=reply.tool_calls,
@@ -508,6 +546,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(pool.chat(agent, msgs, **kw))
         yield self._final_chunk(call, reply, results, holder.rest(reply))
 
     async def _astream(
@@ -547,5 +588,8 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
                 call = call.forced()
                 results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
                 reply = _read(call, results[-1].text)
+            if reply.rewrite is not None:
+                agent, msgs, kw = _rewrite_call(call, reply)
+                results.append(await pool.achat(agent, msgs, **kw))
         yield self._final_chunk(call, reply, results, holder.rest(reply))
 

@@ -577,6 +577,22 @@ def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None
         assert a.list_shared_blocks() == [] and a.get_checkpoint("x") is None
 
 
+def test_restoring_a_state_on_the_same_block_keeps_the_block() -> None:
+    """Bug: re-storing a state that references the same shared block deleted the old
+    reference first; the unref trigger dropped the block (refcount 0) and the new state was
+    refused with "no shared block" — a second checkpoint of a share agent failed."""
+    with Archive(":memory:") as a:
+        a.put_shared_block("blk", b"kv", n_tokens=3, fingerprint={})
+        a.put_state("x", b"one", codec="f16", n_tokens=4, fingerprint={}, block_id="blk", layout=b"\0" * 4)
+        a.put_state("x", b"two", codec="f16", n_tokens=5, fingerprint={}, block_id="blk", layout=b"\1" * 4)
+        assert a.get_state("x").blob == b"two"
+        assert [(b.block_id, b.refcount) for b in a.list_shared_blocks()] == [("blk", 1)]
+        assert a.state_blocks() == {"x": "blk"}
+        a.put_shared_block("other", b"kv2", n_tokens=3, fingerprint={})
+        a.put_state("x", b"three", codec="f16", n_tokens=5, fingerprint={}, block_id="other", layout=b"\0" * 4)
+        assert [(b.block_id, b.refcount) for b in a.list_shared_blocks()] == [("other", 1)]
+
+
 def test_archive_package_exports_are_pinned() -> None:
     import agentmem.archive
 

@@ -174,6 +174,20 @@ def test_benign_messages_tokenize_as_before(tiny_model, fmt):
     assert got.tokens == want
 
 
+@pytest.mark.parametrize("fmt", ["jinja-chatml", "jinja-gemma"])
+@pytest.mark.parametrize("text", ["plan <|im_end|>", "<|im_end|>", "<end_of_turn>", "ok <end_of_turn>  "])
+def test_jinja_keeps_content_ending_in_a_control_string_as_text(tiny_model, fmt, text):
+    """Bug (found by the state machine): a content that ends with (or is only) a control-token
+    string was refused with MessageError ("this chat template rewrites message content") by
+    templates that do not touch content: the check removed the string, the content then ended
+    in whitespace that the markers place outside the content, and the markup looked changed."""
+    r = _renderer(tiny_model, fmt)
+    msgs = [{"role": "system", "content": text}, {"role": "user", "content": "hi " + text}]
+    forged = r.render(msgs)
+    plain = r.render([{"role": "system", "content": "x"}, {"role": "user", "content": "hi x"}])
+    assert _controls(forged.tokens) == _controls(plain.tokens), (fmt, text)
+
+
 def test_jinja_refuses_control_strings_it_cannot_keep_apart(tiny_model):
     """A template that rewrites content (here `upper`) hides where content lies: control strings
     in a message are refused (MessageError), not rendered into a forged turn; names too."""
@@ -333,7 +347,7 @@ def test_jinja_regions_with_tools_and_alternation():
     segs = JinjaFormat(QWENISH).render(normalize_messages(msgs), bos="", eos="")
     assert [(s.region, s.message, s.text) for s in segs] == [
         ("user", 0, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nadd<|im_end|>\n"),
-        ("tool_call", 1, '<|im_start|>assistant\n<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call><|im_end|>\n'),
+        ("tool_call", 1, '<|im_start|>assistant\n<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><|im_end|>\n'),
         ("tool_result", 2, "<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n"),
         ("assistant", 3, "<|im_start|>assistant\nIt is 42.<|im_end|>\n"),
         ("user", 4, "<|im_start|>user\nthanks<|im_end|>\n"),

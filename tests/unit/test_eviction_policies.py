@@ -1,8 +1,11 @@
 """Eviction policies: a contract every registered policy keeps, then each one's behaviour.
 
-The contract tests run over :data:`agentmem.policy.eviction.POLICIES`, so a new
-policy is checked the moment it is registered. Views are synthetic: no model,
-no pool — a policy only ever sees a :class:`LedgerView`.
+The contract tests run over `agentmem.policy.eviction.POLICIES`, so a new
+policy is checked the moment it is registered. Most views are synthetic: no
+model, no pool — a policy only ever sees a `LedgerView`. The contract is also
+checked on views the pool builds from real renders, under every chat format
+(`tests.fixtures.chat_models.CHAT_CASES`: gemma, chatml, Qwen2.5's template
+through jinja), since what a policy sees depends on how the format tags tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from agentmem.policy.eviction import (
     StreamingLLM,
     get_policy,
 )
-from agentmem.policy.view import REGION_CODE, LedgerView
+from agentmem.policy.view import REGION_CODE, LedgerView, message_turns
+from tests.fixtures.chat_models import CHAT_CASES, build_chat_case
 
 SYS, USER, ASSIST, CALL, RESULT = (REGION_CODE[r] for r in ("system", "user", "assistant", "tool_call", "tool_result"))
 
@@ -382,3 +386,58 @@ def test_region_decay_protects_newest_turn_until_impossible() -> None:
     # the target cannot be met without the newest turn: it goes too, oldest first
     ranges = check_contract(RegionDecay(), view, target=50, block=32)
     assert evicted_mask(view.n, ranges)[:100].all()
+
+
+# ----------------------------------------------------------------------------- contract, every chat format
+
+
+@pytest.fixture(scope="module", params=sorted(CHAT_CASES))
+def rendered_view(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LedgerView:
+    """The view the pool builds of an agent after a tool loop under one chat format (no budget)."""
+    from agentmem import MemoryPool
+
+    path = build_chat_case(tmp_path_factory.mktemp("chat-case"), request.param)
+    with MemoryPool(path, chat_format=CHAT_CASES[request.param].chat_format, n_ctx=4096, resident_agents=1,
+                    n_batch=64, prefetch=False) as p:
+        msgs = [{"role": "system", "content": "you are a careful agent and the vault code is 4821"}]
+        for i in range(6):
+            msgs.append({"role": "user", "content": f"turn {i}: the river {i} is calm"})
+            p.chat("a", msgs, max_tokens=4)
+            msgs.append({"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "name": "read", "arguments": {"q": i}}]})
+            msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"the code of box {i} is {1000 + i}"})
+            r = p.chat("a", msgs, max_tokens=4)
+            msgs.append({"role": "assistant", "content": r.text})
+        msgs.append({"role": "user", "content": "what is the vault code?"})
+        p.chat("a", msgs, max_tokens=0)
+        return p._decoder.trimmer.view(p._core.agents["a"])
+
+
+@pytest.mark.parametrize("frac,block", [(0.0, 32), (0.3, 32), (0.5, 16), (0.5, 1), (0.9, 64)])
+def test_contract_on_rendered_views(policy: EvictionPolicy, rendered_view: LedgerView, frac: float, block: int) -> None:
+    check_contract(policy, rendered_view, int(frac * rendered_view.n), block)
+
+
+def test_rendered_view_turns(rendered_view: LedgerView) -> None:
+    """Turns never go back, the newest message is the current turn, and it is what region_decay protects."""
+    view = rendered_view
+    assert (np.diff(view.turn) >= 0).all()
+    newest = np.flatnonzero(view.turn == view.current_turn)
+    assert newest.size and view.regions[newest[0]] == USER
+    assert RegionDecay().protected(view).tolist() == (np.arange(view.n) >= newest[0]).tolist()
+
+
+@pytest.mark.parametrize("frac", [0.3, 0.5, 0.75])
+def test_region_decay_keeps_system_on_rendered_views(rendered_view: LedgerView, frac: float) -> None:
+    """Issue 14, item 6: the system span outlives everything else under every format."""
+    view = rendered_view
+    kept = ~evicted_mask(view.n, RegionDecay().select(view, target=int(frac * view.n), block=32))
+    assert kept[view.regions == SYS].all(), f"system kept {kept[view.regions == SYS].mean():.0%}"
+    assert kept[view.turn >= view.current_turn].all(), "the newest message is never evicted"
+
+
+def test_message_turns_give_glue_to_the_next_message() -> None:
+    """BOS and preambles belong to the first message, a generation prompt to the reply after it."""
+    msgs = np.array([-1, 0, 0, -1, -1, 1, 1, -1, 2, 2, -1, -1], np.int32)
+    assert message_turns(msgs, 2).tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert message_turns(np.zeros(0, np.int32), 3).tolist() == []
+    assert message_turns(np.array([-1, -1]), 1).tolist() == [1, 1]

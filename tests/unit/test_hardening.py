@@ -292,3 +292,20 @@ def test_tool_arguments_that_are_not_json_are_a_message_error(pool):
         {"id": "c1", "function": {"name": "f", "arguments": {"x": float("nan")}}}]}]
     with pytest.raises(MessageError, match="JSON"):
         pool.chat("a", nan)
+
+
+def test_a_share_agent_can_be_checkpointed_twice_and_parked_cold(tiny_model_path, tmp_path):
+    """Bug (found by the state machine): the second store of a state on the same shared block
+    deleted the block in the archive, so `share()` → `checkpoint()` → `checkpoint()` raised
+    ArchiveError ("no shared block") and `close()` could not save the share agent."""
+    db = str(tmp_path / "a.db")
+    brief = [{"role": "system", "content": "Team brief: plan the route " * 3}]
+    with MemoryPool(tiny_model_path, archive_path=db, **OPTS) as p:
+        n = p.share("brief", brief)
+        p.checkpoint()
+        p.checkpoint()
+        p.park("share:brief", "cold")
+        p.checkpoint()
+    with MemoryPool(tiny_model_path, archive_path=db, **OPTS) as p:
+        assert len(p.history_tokens("share:brief")) == n
+        assert p.stats()["agents"]["share:brief"]["tier"] == "cold"

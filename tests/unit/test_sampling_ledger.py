@@ -57,6 +57,21 @@ def test_ledger_grow_truncate_and_merge_spans():
         led.tokens[0] = 5  # read-only view
 
 
+def test_ledger_retag_takes_the_newest_render_and_keeps_pins():
+    """A kept prefix is re-tagged by the prompt that kept it: the generation prompt (glue, -1)
+    and the reply (assistant) of the last call become the assistant message / tool call the
+    next prompt renders; pins set by `MemoryPool.pin` stay."""
+    led = Ledger()
+    led.extend(range(10), [Span(0, 4, "system", 0), Span(4, 7, "user", 1), Span(7, 10, "assistant", -1)])
+    led.extend([10, 11], region="assistant", message=2)  # the generated reply
+    led.set_pinned(0)
+    led.evict_live([(4, 6)])
+    led.retag(11, [Span(0, 4, "system", 0), Span(4, 7, "user", 1), Span(7, 12, "tool_call", 2)])
+    assert led.spans == [Span(0, 4, "system", 0, True), Span(4, 7, "user", 1), Span(7, 11, "tool_call", 2),
+                         Span(11, 12, "assistant", 2)]
+    assert led.live.tolist() == [True] * 4 + [False, False] + [True] * 6
+
+
 def test_repeat_penalty_and_sampling_paths_run(tiny_model_path):
     """Regression: llama_sampler_init_penalties takes n_vocab first in this llama.cpp (it crashed)."""
     from agentmem import MemoryPool

@@ -90,7 +90,10 @@ def test_handoff_from_parked_source_and_errors(tiny_model_path):
 
 
 async def test_batched_decoding_groups_agents(tiny_model_path):
-    with MemoryPool(tiny_model_path, n_ctx=2048, resident_agents=4, n_batch=64, prefetch=False) as p:
+    # n_threads=2: with one llama.cpp thread the tiny model decodes so fast that the first agent
+    # can finish all its steps before the others reach the batch (the default thread count
+    # drops to 1 on a busy machine)
+    with MemoryPool(tiny_model_path, n_ctx=2048, resident_agents=4, n_batch=64, prefetch=False, n_threads=2) as p:
         p.batch_wait_s = 0.05  # generous on a loaded CI box
         msgs = {f"a{i}": [{"role": "user", "content": f"story number {i}"}] for i in range(4)}
         res = await asyncio.gather(*(p.achat(a, m, max_tokens=12) for a, m in msgs.items()))

@@ -1,0 +1,83 @@
+"""Opening a pool: the model, the context, the chat renderer, the archive and tiers, as a `PoolCore`.
+
+`open_core` validates the policy names first (before anything heavy is loaded),
+then builds the native handles, and frees what it built when a later step fails.
+"""
+
+from __future__ import annotations
+
+from agentmem.archive import Archive
+from agentmem.config import PoolConfig
+from agentmem.engine.chat_format import ChatRenderer
+from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
+from agentmem.memory.tiers import build_tiers
+from agentmem.model import model_fingerprint, resolve_model_path
+from agentmem.policy.placement import get_policy
+from agentmem.pool.state import PoolCore
+
+__all__ = ["open_core"]
+
+
+def open_core(cfg: PoolConfig) -> PoolCore:
+    """Everything a pool shares, built from its configuration.
+
+    Raises:
+        ModelNotFoundError: no model at the path (or the bundled one is not installed).
+        PolicyError: an unknown placement or eviction policy, or codec.
+        EngineError: llama.cpp refused the model or the context parameters.
+        ChatTemplateError: the GGUF's chat template cannot be compiled.
+        ArchiveError: the archive file cannot be opened.
+    """
+    model_path = resolve_model_path(cfg.model_path)
+    # validate names before loading anything heavy
+    placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
+                           **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
+    if cfg.agent_budget_tokens:
+        PoolCore.eviction_policy(cfg.eviction)
+    model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
+    ctx: LlamaContext | None = None
+    archive: Archive | None = None
+    try:
+        ctx = LlamaContext(
+            model,
+            ContextParams(
+                n_ctx=cfg.n_ctx,
+                n_seq_max=cfg.resident_agents,
+                n_batch=cfg.n_batch,
+                n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
+                n_threads=cfg.n_threads,
+                flash_attn=cfg.flash_attn,
+                type_k=cfg.type_k,
+                type_v=cfg.type_v,
+                swa_full=cfg.swa_full,
+                kv_unified=True,
+            ),
+        )
+        renderer = ChatRenderer(model, cfg.chat_format)
+        fingerprint = {
+            "model": model_fingerprint(model_path),
+            "type_k": cfg.type_k,
+            "type_v": cfg.type_v,
+            "flash_attn": cfg.flash_attn,
+            "swa_full": cfg.swa_full,
+            "n_seq_max": cfg.resident_agents,
+            "kv_unified": True,
+            "llama": llama_build_info(),
+        }
+        if cfg.archive_path:
+            archive = Archive(cfg.archive_path)
+        tiers = build_tiers(archive=archive, fingerprint=fingerprint)
+        # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
+        recall_store = archive or Archive(":memory:")
+    except BaseException:
+        if archive is not None:
+            archive.close()
+        if ctx is not None:
+            ctx.close()
+        model.close()
+        raise
+    return PoolCore(
+        config=cfg, model_path=model_path, model=model, ctx=ctx, renderer=renderer, tiers=tiers, archive=archive,
+        recall_store=recall_store, placement=placement, fingerprint=fingerprint,
+        capacity=min(cfg.agent_capacity or cfg.n_ctx, ctx.n_ctx_seq),
+    )

@@ -1,0 +1,54 @@
+"""`agentmem serve`: an OpenAI-compatible HTTP server where every agent keeps its KV memory.
+
+A thin adapter over one `MemoryPool` (llama.cpp `tools/server` keeps HTTP, the task
+queue and the model apart; so does this package):
+
+`settings.py` holds the typed, serializable server settings (`ServerSettings`).
+`auth.py` reads API keys and their agent-id prefixes into principals (`KeyRing`).
+`identity.py` finds the agent of a request (header, `user`, `agent_id`) and checks its scope.
+`http_errors.py` maps agentmem's exceptions to OpenAI-shaped 4xx answers.
+`schemas.py` holds the typed request bodies in the OpenAI shapes.
+`calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
+`queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
+`engine.py` is the one object the routes call: the pool, the queue, the metrics.
+`responses.py` builds OpenAI response bodies and SSE events.
+`metrics.py` renders Prometheus series (llama-server's names and `agentmem_*`) per app.
+`deps.py` holds the FastAPI dependencies (engine, principal).
+`openai_routes.py` serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
+`agents_api.py` serves `/agents` (list, show, park, forget, pin, budget, priority, handoff, recall, checkpoint).
+`app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.
+`cli.py` is `agentmem serve`: flags → settings, keys and pool config → uvicorn.
+
+FastAPI, uvicorn and prometheus-client are an extra: `pip install 'agentmem[server]'`.
+The names below are imported on first use, so `agentmem --help` works without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["INSTALL_HINT", "KeyRing", "ServerSettings", "create_app", "require_server_deps"]
+
+INSTALL_HINT = "pip install 'agentmem[server]'"
+
+_EXPORTS = {"create_app": "agentmem.server.app", "KeyRing": "agentmem.server.auth",
+            "ServerSettings": "agentmem.server.settings"}
+
+
+def require_server_deps() -> None:
+    """Import the server's optional dependencies, or raise `ImportError` with the install command."""
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"agentmem serve needs FastAPI, uvicorn and prometheus-client: {INSTALL_HINT}") from exc
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentmem.server' has no attribute {name!r}")
+    require_server_deps()
+    return getattr(importlib.import_module(module), name)

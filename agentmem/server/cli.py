@@ -1,0 +1,127 @@
+"""`agentmem serve`: command-line flags → `ServerSettings`, a `KeyRing` and a `PoolConfig` → uvicorn.
+
+```bash
+agentmem serve --model /models/qwen2.5-0.5b-instruct-q4.gguf --archive agents.db \\
+    --resident 4 --n-ctx 16384 --keys-file keys.txt
+```
+
+SIGTERM (or Ctrl-C) stops accepting connections, lets in-flight requests finish for
+`--shutdown-grace` seconds, cancels the rest, then closes the pool, which writes every
+agent into `--archive`; the next start on the same archive resumes them.
+
+This module imports no optional dependency at import time, so `agentmem --help` works
+without the `server` extra; `run_args` says what to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from agentmem.errors import ConfigError
+
+__all__ = ["add_arguments", "build", "run_args"]
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `agentmem serve`."""
+    net = p.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1: this machine only)")
+    net.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    model = p.add_argument_group("model and pool")
+    model.add_argument("--model", default=None, help="GGUF path or bundled model name (default: AGENTMEM_MODEL or the bundled default)")
+    model.add_argument("--model-name", default=None, help="model id in /v1/models and responses (default: the file's stem)")
+    model.add_argument("--archive", default=None, metavar="PATH", help="SQLite archive: COLD tier, checkpoint on exit, resume on start")
+    model.add_argument("--resident", type=int, default=4, metavar="N", help="agents with a live sequence at once (4)")
+    model.add_argument("--n-ctx", type=int, default=8192, help="KV cells of the shared context (8192)")
+    model.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = automatic)")
+    model.add_argument("--park-codec", default=None, help="codec of parked states in RAM (f16, q8_0, q4_0, q8_0/q4_0)")
+    model.add_argument("--pool-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="any PoolConfig field, the value as JSON (repeatable): --pool-option warm_budget_bytes=536870912")
+    sec = p.add_argument_group("keys and identity")
+    sec.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an admin API key (repeatable)")
+    sec.add_argument("--keys-file", default=None, metavar="PATH", help="keys with agent-id prefixes (JSON, or lines 'KEY [PREFIX]')")
+    sec.add_argument("--anonymous", choices=("reject", "per-key"), default="reject",
+                     help="a request naming no agent: 400 (reject) or the key's anonymous agent (per-key)")
+    sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; more is a 413 (4 MiB)")
+    lim.add_argument("--max-prompt-tokens", type=int, default=0, help="largest prompt; more is a 413 (0 = agent capacity)")
+    lim.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for (4096)")
+    lim.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request without one (256)")
+    lim.add_argument("--max-concurrent", type=int, default=8, help="requests in flight per key; more is a 429 (8)")
+    lim.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S", help="seconds in-flight requests get at SIGTERM (10)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level (info)")
+
+
+def _pool_options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--pool-option must be KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw  # a bare string such as q8_0
+    return out
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """`(PoolConfig, ServerSettings, KeyRing)` from parsed flags (validated; `ConfigError` names the flag)."""
+    from agentmem.config import PoolConfig
+    from agentmem.server.auth import KeyRing
+    from agentmem.server.settings import ServerSettings
+
+    options: dict[str, Any] = {"model_path": args.model, "archive_path": args.archive, "resident_agents": args.resident,
+                               "n_ctx": args.n_ctx, "n_threads": args.threads}
+    if args.park_codec:
+        options["park_codec"] = args.park_codec
+    options.update(_pool_options(args.pool_option))
+    config = PoolConfig.build(**options)
+    settings = ServerSettings(
+        host=args.host, port=args.port, model_name=args.model_name, anonymous=args.anonymous,
+        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
+        max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
+        metrics_public=args.metrics_public,
+    )
+    keys = KeyRing.build(api_keys=args.api_key, keys_file=args.keys_file)
+    return config, settings, keys
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; returns 0 after a clean shutdown, 2 when the server could not start."""
+    from agentmem.server import require_server_deps
+
+    try:
+        require_server_deps()
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from exc
+    import uvicorn
+
+    from agentmem.server.app import create_app
+
+    config, settings, keys = build(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not keys.enabled:
+        logger.warning("serving on %s without API keys: anyone who can reach it can use every agent", settings.host)
+    from agentmem.pool import MemoryPool
+
+    # opened before uvicorn starts: a missing model or a locked archive is one line on stderr, status 2
+    pool = MemoryPool(config=config)
+    app = create_app(pool, settings=settings, keys=keys, own_pool=True)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=args.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s + 0.999)), lifespan="on",
+    ))
+    try:
+        server.run()
+    finally:
+        if not pool.closed:  # uvicorn never started the lifespan (the port was taken, say)
+            pool.close()
+    return 0 if server.started else 2

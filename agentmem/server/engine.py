@@ -1,0 +1,298 @@
+"""`Engine`: the one object the routes call — the pool, the queue, the metrics and the settings.
+
+Routes parse and answer HTTP; the engine runs calls and agent operations on the
+`MemoryPool`, always off the event loop (worker threads), and counts what happened.
+A call is `prepare_*` (validation, tools/JSON protocol, prompt-size limit), then `run`:
+an async iterator of `("text", piece)` events ending with `("done", Outcome)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Literal
+
+from agentmem.config import PoolConfig
+from agentmem.errors import ConfigError, UnknownAgentError
+from agentmem.pool import ChatResult, MemoryPool
+from agentmem.server.auth import Principal
+from agentmem.server.calls import PoolCall, Reply, StreamHolder, chat_call, completion_call, read_reply
+from agentmem.server.http_errors import ApiError
+from agentmem.server.identity import authorize
+from agentmem.server.metrics import ServerMetrics
+from agentmem.server.queue import AgentQueue, Lease
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
+from agentmem.server.settings import ServerSettings
+
+__all__ = ["Engine", "Event", "Outcome"]
+
+logger = logging.getLogger(__name__)
+
+_INFO_FIELDS = ("tier", "tokens", "live_tokens", "bytes", "codec", "priority", "budget", "calls", "restores", "parks",
+                "cached_tokens", "prefill_tokens", "evictions")
+
+
+@dataclass
+class Outcome:
+    """A finished call: the pool results (two when an `auto` tool call was retried forced) and the reply."""
+
+    call: PoolCall
+    results: list[ChatResult]
+    reply: Reply
+
+    @property
+    def finish_reason(self) -> str:
+        """`tool_calls`, `length` or `stop`."""
+        if self.reply.tool_calls:
+            return "tool_calls"
+        return self.results[-1].finish_reason
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI `usage`; `prompt_tokens_details.cached_tokens` counts the KV agentmem reused."""
+        prompt = sum(r.usage.prompt_tokens for r in self.results)
+        completion = sum(r.usage.completion_tokens for r in self.results)
+        cached = sum(r.usage.cached_tokens for r in self.results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def extension(self) -> dict[str, Any]:
+        """The `agentmem` field of a response: agent, how its KV was found, timings (seconds)."""
+        first = self.results[0]
+        t = first.timings
+        return {"agent_id": self.call.agent_id, "kv": first.kv,
+                "timings": {"ttft_s": round(t.ttft_s, 6), "restore_s": round(t.restore_s, 6),
+                            "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
+                            "total_s": round(sum(r.timings.total_s for r in self.results), 6)},
+                "retried_forced": len(self.results) > 1}
+
+
+Event = tuple[Literal["text"], str] | tuple[Literal["done"], Outcome]
+
+
+class Engine:
+    """Runs calls and agent operations for the routes.
+
+    Args:
+        pool: an open `MemoryPool`, or a `PoolConfig` to open at `start`.
+        settings: the server settings.
+        own_pool: close the pool at `stop` (default: only a pool the engine opened).
+    """
+
+    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *, own_pool: bool | None = None) -> None:
+        self.settings = settings
+        self._config = pool if isinstance(pool, PoolConfig) else None
+        self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
+        self.own_pool = self._config is not None if own_pool is None else own_pool
+        self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
+        self.processing = 0
+        self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
+                                     deferred=lambda: self.queue.waiting)
+
+    # ------------------------------------------------------------------ lifetime
+    @property
+    def model_name(self) -> str:
+        """The model id responses carry."""
+        if self.settings.model_name:
+            return self.settings.model_name
+        return Path(self.pool.model_path).stem if self.pool is not None else "agentmem"
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls can be served."""
+        return self.pool is not None and not self.pool.closed and not self.queue.closing
+
+    async def start(self) -> None:
+        """Open the pool (when given a config); an archive resumes its agents."""
+        if self.pool is None and self._config is not None:
+            self.pool = await asyncio.to_thread(MemoryPool, config=self._config)
+
+    async def stop(self) -> None:
+        """Finish or cancel in-flight calls, then close an owned pool (checkpointing its archive)."""
+        await self.queue.shutdown(self.settings.shutdown_grace_s)
+        if self.pool is not None and self.own_pool:
+            await asyncio.to_thread(self.pool.close)
+            logger.info("pool closed")
+
+    def _pool(self) -> MemoryPool:
+        if self.pool is None or self.pool.closed:
+            raise ApiError(503, "the model is not loaded", code="unavailable")
+        return self.pool
+
+    def _stats_or_none(self) -> dict[str, Any] | None:
+        pool = self.pool
+        if pool is None or pool.closed:
+            return None
+        return pool.stats()
+
+    def admit(self, principal: Principal) -> Lease:
+        """A concurrency slot for a request (429/503 otherwise)."""
+        return self.queue.admit(principal)
+
+    # ------------------------------------------------------------------ calls
+    async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest) -> PoolCall:
+        """Validate a chat request and apply the tools/JSON protocol; 413 over the prompt limit."""
+        call = chat_call(agent_id, req, self.settings)
+        await self._check_prompt(call)
+        return call
+
+    async def prepare_completion(self, agent_id: str, req: CompletionRequest) -> PoolCall:
+        """Validate a completion request; 413 over the prompt limit."""
+        call = completion_call(agent_id, req, self.settings)
+        await self._check_prompt(call)
+        return call
+
+    async def _check_prompt(self, call: PoolCall) -> None:
+        limit = self.settings.max_prompt_tokens
+        if not limit:
+            return
+        pool = self._pool()
+        if call.messages is not None:
+            n = await asyncio.to_thread(pool.count_tokens, call.pool_messages())
+        else:
+            n = len((await asyncio.to_thread(pool.renderer.render_text, call.prompt or "")).tokens)
+        if n > limit:
+            raise ApiError(413, f"the prompt has {n} tokens; this server accepts at most {limit}",
+                           code="request_too_large", param="messages" if call.messages is not None else "prompt")
+
+    def _open(self, call: PoolCall) -> Any:
+        pool = self._pool()
+        if call.messages is not None:
+            return lambda: pool.chat_stream(call.agent_id, call.pool_messages(), **call.sampling)
+        return lambda: pool.complete_stream(call.agent_id, call.prompt or "", **call.sampling)
+
+    async def _once(self, call: PoolCall) -> ChatResult:
+        result = None
+        async with contextlib.aclosing(self.queue.stream(self._open(call))) as items:
+            async for item in items:
+                if isinstance(item, ChatResult):
+                    result = item
+        assert result is not None, "a finished stream has a result"
+        self.metrics.observe_call(result)
+        return result
+
+    async def run(self, call: PoolCall) -> AsyncIterator[Event]:
+        """Run `call`: text events as they may be shown, then `("done", Outcome)`.
+
+        The agent is held for the whole call (an `auto` retry included); closing the
+        iterator early stops generation at the next token and frees the agent.
+        """
+        holder = StreamHolder(call)
+        self.processing += 1
+        try:
+            async with self.queue.agent(call.agent_id):
+                result = None
+                async with contextlib.aclosing(self.queue.stream(self._open(call))) as items:
+                    async for item in items:
+                        if isinstance(item, ChatResult):
+                            result = item
+                            continue
+                        shown = holder.push(item)
+                        if shown:
+                            yield ("text", shown)
+                assert result is not None, "a finished stream has a result"
+                self.metrics.observe_call(result)
+                results = [result]
+                reply = read_reply(call, result.text)
+                if reply.retry:
+                    assert call.forced is not None
+                    call = call.forced()
+                    results.append(await self._once(call))
+                    reply = read_reply(call, results[-1].text)
+                rest = holder.rest(reply)
+                if rest:
+                    yield ("text", rest)
+                yield ("done", Outcome(call, results, reply))
+        finally:
+            self.processing -= 1
+
+    async def collect(self, call: PoolCall) -> Outcome:
+        """Run `call` to its end (a non-streaming request)."""
+        async with contextlib.aclosing(self.run(call)) as events:
+            async for kind, value in events:
+                if kind == "done":
+                    assert isinstance(value, Outcome)
+                    return value
+        raise AssertionError("a call ends with its outcome")
+
+    # ------------------------------------------------------------------ agents
+    async def _do(self, fn: Any, *args: Any) -> Any:
+        self._pool()
+        return await asyncio.to_thread(fn, *args)
+
+    @staticmethod
+    def _info(agent_id: str, raw: dict[str, Any]) -> dict[str, Any]:
+        return {"id": agent_id, **{k: raw.get(k, 0) for k in _INFO_FIELDS}}
+
+    async def list_agents(self, principal: Principal) -> list[dict[str, Any]]:
+        """The agents `principal` may see (declared shares only for admin keys)."""
+        stats = await self._do(self._pool().stats)
+        return [self._info(k, v) for k, v in sorted(stats["agents"].items())
+                if principal.allows(k) and (principal.admin or not v.get("share"))]
+
+    async def show_agent(self, principal: Principal, agent_id: str) -> dict[str, Any]:
+        """One agent's entry (403 out of scope, 404 unknown)."""
+        authorize(principal, agent_id)
+        stats = await self._do(self._pool().stats)
+        raw = stats["agents"].get(agent_id)
+        if raw is None:
+            raise UnknownAgentError(f"unknown agent {agent_id!r}")
+        info = self._info(agent_id, raw)
+        info.update(regions=raw.get("regions", {}), evicted_regions=raw.get("evicted_regions", {}),
+                    seq=raw.get("seq"), block=raw.get("block"))
+        return info
+
+    async def park(self, principal: Principal, agent_id: str, tier: str) -> dict[str, Any]:
+        authorize(principal, agent_id)
+        await self._do(self._pool().park, agent_id, tier)
+        return await self.show_agent(principal, agent_id)
+
+    async def forget(self, principal: Principal, agent_id: str) -> None:
+        authorize(principal, agent_id)
+        await self._do(self._pool().forget, agent_id)
+
+    async def pin(self, principal: Principal, agent_id: str, message_index: int, pinned: bool) -> int:
+        authorize(principal, agent_id)
+        return int(await self._do(self._pool().pin, agent_id, message_index, pinned))
+
+    async def set_budget(self, principal: Principal, agent_id: str, tokens: int, eviction: str | None) -> None:
+        authorize(principal, agent_id)
+        await self._do(self._pool().set_budget, agent_id, tokens, eviction)
+
+    async def set_priority(self, principal: Principal, agent_id: str, priority: int | str) -> None:
+        authorize(principal, agent_id)
+        await self._do(self._pool().set_priority, agent_id, priority)
+
+    async def handoff(self, principal: Principal, src: str, dst: str, upto: int | None) -> dict[str, Any]:
+        authorize(principal, src)
+        authorize(principal, dst, field="to")
+        return _plain(await self._do(self._pool().handoff, src, dst, upto))
+
+    async def recall(self, principal: Principal, agent_id: str, query: str, k: int) -> list[dict[str, Any]]:
+        authorize(principal, agent_id)
+        spans = await self._do(self._pool().recall, agent_id, query, k)
+        return [_plain(s) for s in spans]
+
+    async def checkpoint(self, principal: Principal) -> None:
+        if not principal.admin:
+            raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
+        pool = self._pool()
+        if pool.config.archive_path is None:
+            raise ConfigError("checkpoint needs a server started with --archive")
+        await self._do(pool.checkpoint)
+
+
+def _plain(obj: Any) -> Any:
+    """A dataclass (or a plain value) as JSON-friendly data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)

@@ -1,0 +1,82 @@
+"""Errors as HTTP answers in OpenAI's JSON shape; agentmem's exception tree mapped to 4xx.
+
+Every error body is `{"error": {"message", "type", "param", "code"}}`, what the OpenAI
+clients read into their exceptions (`openai.BadRequestError` for 400, ...).
+
+| raised | status | `code` |
+|---|---|---|
+| `ConfigError`, `MessageError`, `PolicyError`, `ChatTemplateError`, a bad body | 400 | `invalid_request` |
+| `ContextOverflowError` | 400 | `context_length_exceeded` |
+| no or a wrong API key | 401 | `invalid_api_key` |
+| an agent outside the key's prefix | 403 | `forbidden` |
+| `UnknownAgentError` | 404 | `agent_not_found` |
+| the agent is generating (forget, park, handoff) | 409 | `agent_busy` |
+| body or prompt too large | 413 | `request_too_large` |
+| the key's concurrency limit | 429 | `rate_limit_exceeded` |
+| the server is starting or shutting down | 503 | `unavailable` |
+| anything else (a server fault, logged) | 500 | `internal_error` |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agentmem.errors import (
+    AgentMemError,
+    ChatTemplateError,
+    ConfigError,
+    ContextOverflowError,
+    MessageError,
+    PolicyError,
+    UnknownAgentError,
+)
+
+__all__ = ["ApiError", "error_body", "from_exception"]
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    """An HTTP error answer (raised by routes, rendered by the app's handler).
+
+    Args:
+        status: the HTTP status.
+        message: what the client is told.
+        code: the machine-readable `code`.
+        param: the request field at fault, if any.
+    """
+
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return error_body(self.status, self.message, code=self.code, param=self.param)
+
+
+def error_body(status: int, message: str, *, code: str, param: str | None = None) -> dict[str, Any]:
+    """`{"error": {...}}` in OpenAI's shape."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def from_exception(exc: BaseException) -> ApiError:
+    """The answer for an exception raised while serving a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, UnknownAgentError):
+        return ApiError(404, str(exc), code="agent_not_found")
+    if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
+        return ApiError(400, str(exc), code="invalid_request")
+    if type(exc) is AgentMemError and "is generating" in str(exc):
+        return ApiError(409, str(exc), code="agent_busy")
+    if type(exc) is AgentMemError and "closed" in str(exc):
+        return ApiError(503, "the server is shutting down", code="unavailable")
+    logger.error("internal error while serving a request", exc_info=exc)
+    return ApiError(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error")

@@ -1,0 +1,64 @@
+"""Which agent a request is for, and whether its key may use that agent.
+
+The agent id comes, in this order, from the `X-Agent-Id` header, the request's `user`
+field (what OpenAI clients send per end user; LangChain, AutoGen and CrewAI pass it
+through), or the `agent_id` extension field (`extra_body={"agent_id": ...}`). With none
+of them the request gets a 400, unless the server runs with `anonymous="per-key"`: then
+it is the key's anonymous agent, `{prefix}anonymous-{key name}` (`anonymous` without keys).
+
+Scope: a key scoped to a prefix may use only agent ids under it. A forbidden id gets a
+403 whose body depends on the id alone, never on whether the agent exists, so a tenant
+cannot probe another tenant's agents.
+"""
+
+from __future__ import annotations
+
+import agentmem.validation as check
+from agentmem.errors import ConfigError
+from agentmem.server.auth import Principal
+from agentmem.server.http_errors import ApiError
+
+__all__ = ["AGENT_HEADER", "authorize", "resolve_agent_id"]
+
+AGENT_HEADER = "X-Agent-Id"
+
+
+def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -> str:
+    """`agent_id` if `principal` may use it; a 403 `ApiError` otherwise (same body for every such id)."""
+    if not principal.allows(agent_id):
+        raise ApiError(403, f"this API key may not use agent {agent_id!r}", code="forbidden", param=field)
+    return agent_id
+
+
+def resolve_agent_id(
+    principal: Principal, *, header: str | None, user: str | None, extension: str | None, anonymous: str
+) -> str:
+    """The agent a request is for (validated and authorized).
+
+    Args:
+        principal: who sent the request.
+        header: the `X-Agent-Id` header, if any.
+        user: the body's `user` field, if any.
+        extension: the body's `agent_id` field, if any.
+        anonymous: the server's fallback policy (`reject` or `per-key`).
+
+    Raises:
+        ApiError: 400 when no agent is named and the policy is `reject`, or the id is
+            invalid; 403 when the key may not use it.
+    """
+    for value, field in ((header, AGENT_HEADER), (user, "user"), (extension, "agent_id")):
+        if value is not None and value != "":
+            try:
+                agent_id = check.agent_id(value, field=field)
+            except ConfigError as exc:
+                raise ApiError(400, str(exc), code="invalid_request", param=field) from exc
+            return authorize(principal, agent_id, field=field)
+    if anonymous == "per-key":
+        return "anonymous" if principal.name == "local" else f"{principal.prefix}anonymous-{principal.name}"
+    raise ApiError(
+        400,
+        f"no agent named: send the header {AGENT_HEADER}, the 'user' field or the 'agent_id' field "
+        "(or start the server with --anonymous per-key)",
+        code="missing_agent_id",
+        param="user",
+    )

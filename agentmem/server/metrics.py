@@ -1,0 +1,198 @@
+"""`/metrics`: Prometheus text through `prometheus-client`, one registry per app.
+
+Series named like llama-server's where the meaning matches, so its dashboards work:
+
+| series | meaning |
+|---|---|
+| `llamacpp:prompt_tokens_total` | prompt tokens decoded (prefilled) — cached ones are not decoded |
+| `llamacpp:prompt_seconds_total` | seconds spent prefilling and restoring prompts |
+| `llamacpp:tokens_predicted_total` | generated tokens |
+| `llamacpp:tokens_predicted_seconds_total` | seconds spent generating |
+| `llamacpp:prompt_tokens_seconds` | average prefill throughput (tokens/s) |
+| `llamacpp:predicted_tokens_seconds` | average generation throughput (tokens/s) |
+| `llamacpp:requests_processing` | requests being served now |
+| `llamacpp:requests_deferred` | requests waiting for their agent (another call of it runs) |
+
+and `agentmem_*` series: kept by the server (`agentmem_requests_total{route,status}`,
+`agentmem_ttft_seconds{kv}` per call, `agentmem_prompt_tokens_cached_total`,
+`agentmem_prompt_tokens_prefilled_total`, `agentmem_client_disconnects_total`) and read
+from `MemoryPool.stats()` at scrape time (`agentmem_agents`, `agentmem_tier_agents{tier}`,
+`agentmem_tier_bytes{tier}`, `agentmem_restores_total{tier}`, `agentmem_kv_reuses_total`,
+`agentmem_parks_total`, `agentmem_demotions_total`, `agentmem_drops_total`,
+`agentmem_prefetch_hits_total`, `agentmem_prefetch_misses_total`, `agentmem_evictions_total`,
+`agentmem_evicted_tokens_total`, `agentmem_shared_prefix_tokens_total`, `agentmem_handoffs_total`, ...).
+
+Who may read it: every caller on a server without keys; with keys, admin keys only
+(`metrics_public=True` opens it to every valid key): the series aggregate all tenants.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from agentmem.pool import ChatResult
+
+__all__ = ["CONTENT_TYPE", "TTFT_BUCKETS", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds (seconds) of the `agentmem_ttft_seconds` buckets."""
+
+# pool totals exported as counters: series name -> key of stats()["totals"]
+_POOL_COUNTERS = {
+    "agentmem_parks": ("parks", "Agents parked out of a live sequence."),
+    "agentmem_demotions": ("demotions", "Parked states demoted from WARM to COLD."),
+    "agentmem_drops": ("drops", "Parked states dropped over a budget (they re-prefill)."),
+    "agentmem_restore_failures": ("restore_failures", "Restores that fell back to re-prefill."),
+    "agentmem_prefetches": ("prefetches", "Agents restored ahead of their call."),
+    "agentmem_prefetch_hits": ("prefetch_hits", "Calls whose agent a prefetch had restored."),
+    "agentmem_prefetch_misses": ("prefetch_misses", "Calls of parked agents no prefetch had restored."),
+    "agentmem_evictions": ("evictions", "Eviction passes over agents' KV."),
+    "agentmem_evicted_tokens": ("evicted_tokens", "Tokens evicted (archived for recall)."),
+    "agentmem_pool_cached_tokens": ("cached_tokens", "Prompt tokens whose KV the pool reused (all callers)."),
+    "agentmem_pool_prefill_tokens": ("prefill_tokens", "Prompt tokens the pool decoded (all callers)."),
+    "agentmem_shared_prefix_tokens": ("shared_prefix_tokens", "Prompt tokens taken from another agent's KV."),
+    "agentmem_handoffs": ("handoffs", "Handoffs between agents."),
+    "agentmem_batched_steps": ("batched_steps", "Decode steps that served several agents at once."),
+    "agentmem_recalls": ("recalls", "Recall searches."),
+}
+
+
+class _Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, x: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, x)] += 1
+        self.sum += x
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+
+class ServerMetrics:
+    """Counters the server keeps, and the collector that renders them with the pool's stats.
+
+    Args:
+        pool_stats: returns `MemoryPool.stats()`, or `None` while no pool is open.
+        processing: returns the number of requests being served.
+        deferred: returns the number of requests waiting for their agent.
+    """
+
+    def __init__(
+        self,
+        pool_stats: Callable[[], dict[str, Any] | None],
+        *,
+        processing: Callable[[], int],
+        deferred: Callable[[], int],
+    ) -> None:
+        self._pool_stats, self._processing, self._deferred = pool_stats, processing, deferred
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.tokens = Counter()  # prompt_prefilled, prompt_cached, predicted, disconnects
+        self.seconds = Counter()  # prompt, predicted
+        self.ttft: dict[str, _Histogram] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # ------------------------------------------------------------------ recording
+    def observe_call(self, result: ChatResult) -> None:
+        """Count one pool call's tokens and times."""
+        u, t = result.usage, result.timings
+        with self._lock:
+            self.tokens["prompt_prefilled"] += u.prompt_tokens - u.cached_tokens
+            self.tokens["prompt_cached"] += u.cached_tokens
+            self.tokens["predicted"] += u.completion_tokens
+            self.seconds["prompt"] += t.prefill_s + t.restore_s
+            self.seconds["predicted"] += t.decode_s
+            self.ttft.setdefault(result.kv, _Histogram(TTFT_BUCKETS)).observe(t.ttft_s)
+
+    def observe_request(self, route: str, status: int) -> None:
+        """Count one answered request."""
+        with self._lock:
+            self.requests[(route, str(status))] += 1
+
+    def observe_disconnect(self) -> None:
+        """Count a client that went away mid-stream."""
+        with self._lock:
+            self.tokens["disconnects"] += 1
+
+    def render(self) -> bytes:
+        """The Prometheus text (blocking: reads the pool's stats under its lock)."""
+        return generate_latest(self.registry)
+
+    # ------------------------------------------------------------------ collector protocol
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            tokens, seconds = dict(self.tokens), dict(self.seconds)
+            requests = dict(self.requests)
+            ttft = {k: (h.cumulative(), h.sum) for k, h in self.ttft.items()}
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, value=value)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, value=value)
+
+        prefilled, predicted = tokens.get("prompt_prefilled", 0), tokens.get("predicted", 0)
+        p_s, g_s = seconds.get("prompt", 0.0), seconds.get("predicted", 0.0)
+        yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", prefilled)
+        yield counter("llamacpp:prompt_seconds", "Prompt process time (prefill and restore).", p_s)
+        yield counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", predicted)
+        yield counter("llamacpp:tokens_predicted_seconds", "Predict process time.", g_s)
+        yield gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prefilled / p_s if p_s else 0.0)
+        yield gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", predicted / g_s if g_s else 0.0)
+        yield gauge("llamacpp:requests_processing", "Number of requests processing.", self._processing())
+        yield gauge("llamacpp:requests_deferred", "Number of requests deferred (waiting for their agent).", self._deferred())
+
+        yield counter("agentmem_prompt_tokens_cached", "Prompt tokens served from kept KV (not decoded).",
+                      tokens.get("prompt_cached", 0))
+        yield counter("agentmem_prompt_tokens_prefilled", "Prompt tokens decoded.", prefilled)
+        yield counter("agentmem_client_disconnects", "Streams whose client went away.", tokens.get("disconnects", 0))
+        req = CounterMetricFamily("agentmem_requests", "HTTP requests answered.", labels=["route", "status"])
+        for (route, status), n in sorted(requests.items()):
+            req.add_metric([route, status], n)
+        yield req
+        hist = HistogramMetricFamily("agentmem_ttft_seconds", "Time to first token of one pool call, by how its KV was found.",
+                                     labels=["kv"])
+        for kv, (buckets, total) in sorted(ttft.items()):
+            hist.add_metric([kv], buckets, total)
+        yield hist
+        yield from self._pool_series()
+
+    def _pool_series(self) -> Iterator[Metric]:
+        stats = self._pool_stats()
+        if stats is None:
+            return
+        totals, tiers = stats["totals"], stats["tiers"]
+        yield GaugeMetricFamily("agentmem_agents", "Agents the pool knows.", value=totals["agents"])
+        agents = GaugeMetricFamily("agentmem_tier_agents", "Agents whose KV is in a tier.", labels=["tier"])
+        nbytes = GaugeMetricFamily("agentmem_tier_bytes", "Bytes of KV state kept in a tier.", labels=["tier"])
+        restores = CounterMetricFamily("agentmem_restores", "Calls whose agent was restored from a tier.", labels=["tier"])
+        for tier in ("hot", "warm", "cold"):
+            agents.add_metric([tier], tiers[tier]["agents"])
+            nbytes.add_metric([tier], tiers[tier]["bytes"])
+            if tier != "hot":
+                restores.add_metric([tier], tiers[tier]["hits"])
+        yield agents
+        yield nbytes
+        yield restores
+        yield CounterMetricFamily("agentmem_kv_reuses", "Calls whose agent was still live.", value=tiers["hot"]["hits"])
+        yield GaugeMetricFamily("agentmem_shared_ram_bytes", "Bytes of shared KV blocks in RAM.", value=stats["shared"]["ram_bytes"])
+        for name, (key, doc) in _POOL_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=totals.get(key, 0))

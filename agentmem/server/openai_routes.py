@@ -1,0 +1,181 @@
+"""The OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
+
+Each route resolves the agent, takes a concurrency slot, prepares the call and runs it
+through the `Engine`. A stream starts only once the call has produced its first event,
+so every error before the first token (a bad message, a prompt over the context) is a
+proper HTTP error; a later one ends the stream with an `error` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentmem.server import responses as R
+from agentmem.server.auth import Principal
+from agentmem.server.deps import engine, principal
+from agentmem.server.engine import Engine, Event, Outcome
+from agentmem.server.http_errors import from_exception
+from agentmem.server.identity import AGENT_HEADER, resolve_agent_id
+from agentmem.server.queue import Lease
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["SSEResponse", "router"]
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+class SSEResponse(StreamingResponse):
+    """A `text/event-stream` response that notices a client going away at once.
+
+    It listens for `http.disconnect` while it streams (whatever the ASGI version), and
+    always closes its body iterator, which stops the agent's generation.
+    """
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stream() -> None:
+                    with contextlib.suppress(OSError):
+                        await self.stream_response(send)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+async def _start(events: AsyncIterator[Event]) -> Event:
+    """The first event of a call (errors before it become HTTP errors)."""
+    try:
+        return await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+
+
+async def _sse(eng: Engine, first: Event, events: AsyncIterator[Event], lease: Lease, head: list[bytes],
+               render: Any) -> AsyncIterator[bytes]:
+    """The SSE body: `head`, one event per text piece, the tail events, `[DONE]`."""
+    finished = False
+    try:
+        for chunk in head:
+            yield chunk
+        event: Event | None = first
+        while event is not None:
+            for chunk in render(event):
+                yield chunk
+            event = await anext(events, None)
+        finished = True
+        yield R.DONE
+    except Exception as exc:  # after the first token: tell the client in the stream
+        finished = True
+        yield R.sse(from_exception(exc).body())
+        yield R.DONE
+    finally:
+        if not finished:
+            eng.metrics.observe_disconnect()
+        await events.aclose()
+        lease.release()
+
+
+def _agent(eng: Engine, who: Principal, request: Request, user: str | None, agent_id: str | None) -> str:
+    return resolve_agent_id(who, header=request.headers.get(AGENT_HEADER), user=user, extension=agent_id,
+                            anonymous=eng.settings.anonymous)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
+                           eng: Engine = Depends(engine)) -> Any:
+    """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
+    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+    lease = eng.admit(who)
+    ids = R.Ids("chatcmpl", eng.model_name)
+    streaming = False
+    try:
+        call = await eng.prepare_chat(agent_id, req)
+        if not req.stream:
+            return JSONResponse(R.chat_completion(ids, await eng.collect(call)))
+        events = eng.run(call)
+        first = await _start(events)
+        streaming = True  # the stream releases the lease
+    finally:
+        if not streaming:
+            lease.release()
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def render(event: Event) -> list[bytes]:
+        kind, value = event
+        if kind == "text":
+            return [R.sse(R.chat_chunk(ids, {"content": value}))]
+        assert isinstance(value, Outcome)
+        return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
+
+    head = [R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))]
+    return SSEResponse(_sse(eng, first, events, lease, head, render))
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, who: Principal = Depends(principal),
+                      eng: Engine = Depends(engine)) -> Any:
+    """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
+    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+    lease = eng.admit(who)
+    ids = R.Ids("cmpl", eng.model_name)
+    streaming = False
+    try:
+        call = await eng.prepare_completion(agent_id, req)
+        if not req.stream:
+            return JSONResponse(R.completion(ids, await eng.collect(call)))
+        events = eng.run(call)
+        first = await _start(events)
+        streaming = True  # the stream releases the lease
+    finally:
+        if not streaming:
+            lease.release()
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def render(event: Event) -> list[bytes]:
+        kind, value = event
+        if kind == "text":
+            return [R.sse(R.completion_chunk(ids, value))]
+        assert isinstance(value, Outcome)
+        out = [R.sse(R.completion_chunk(ids, "", value.finish_reason, agentmem=value.extension()))]
+        if include_usage:
+            out.append(R.sse({**ids.head("text_completion"), "choices": [], "usage": value.usage()}))
+        return out
+
+    return SSEResponse(_sse(eng, first, events, lease, [], render))
+
+
+@router.get("/v1/models")
+async def models(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
+    """The one model this server runs."""
+    del who
+    return {"object": "list", "data": [{"id": eng.model_name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
+
+
+@router.get("/health")
+async def health(eng: Engine = Depends(engine)) -> JSONResponse:
+    """`{"status": "ok"}` when calls can be served; 503 while loading or shutting down (no key needed)."""
+    if eng.ready:
+        return JSONResponse({"status": "ok"})
+    status = "shutting down" if eng.queue.closing else "loading model"
+    return JSONResponse({"status": status, "error": {"code": 503, "message": status}}, status_code=503)

@@ -1,0 +1,97 @@
+"""Typed, serializable settings of `agentmem serve` (everything but the pool's own `PoolConfig`).
+
+>>> s = ServerSettings(port=8080, max_prompt_tokens=4096)
+>>> ServerSettings.from_dict(s.to_dict()) == s
+True
+>>> ServerSettings(port=0)
+Traceback (most recent call last):
+...
+agentmem.errors.ConfigError: port must be in [1, 65535], got 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from agentmem.errors import ConfigError
+
+__all__ = ["ANONYMOUS_POLICIES", "ServerSettings"]
+
+ANONYMOUS_POLICIES = ("reject", "per-key")
+"""What a request that names no agent gets: `reject` (a 400) or `per-key` (one
+anonymous agent per API key, or one for the whole server without keys)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """How the HTTP server behaves. Every field is keyword-only and JSON-friendly.
+
+    Attributes:
+        host: interface to bind; the default serves this machine only.
+        port: TCP port.
+        model_name: the model id `/v1/models` lists and responses carry (`None` = the
+            GGUF file's stem). Requests may name any model: there is one.
+        anonymous: `reject` (default) or `per-key`; see `ANONYMOUS_POLICIES`.
+        max_body_bytes: largest request body; a larger one gets 413.
+        max_prompt_tokens: largest rendered prompt of one call (`0` = the pool's agent
+            capacity decides, with a 400 `context_length_exceeded`); a larger one gets 413.
+        max_tokens_limit: largest `max_tokens` a request may ask for.
+        default_max_tokens: `max_tokens` of a request that sets none.
+        max_concurrent_per_key: requests one API key (or, without keys, the whole server)
+            may have in flight; one more gets 429 at once.
+        shutdown_grace_s: on SIGTERM, seconds in-flight requests get to finish before
+            they are cancelled; then the pool closes (and checkpoints to its archive).
+        metrics_public: serve `/metrics` to any key (default: admin keys only when keys
+            are configured; without keys `/metrics` is always open).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None
+    anonymous: str = "reject"
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int = 0
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 256
+    max_concurrent_per_key: int = 8
+    shutdown_grace_s: float = 10.0
+    metrics_public: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"host must be a non-empty string, got {self.host!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [1, 65535], got {self.port!r}")
+        if self.anonymous not in ANONYMOUS_POLICIES:
+            raise ConfigError(f"anonymous must be one of {', '.join(ANONYMOUS_POLICIES)}, got {self.anonymous!r}")
+        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_concurrent_per_key"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.max_prompt_tokens, bool) or not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 0:
+            raise ConfigError(f"max_prompt_tokens must be an int >= 0, got {self.max_prompt_tokens!r}")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ConfigError(
+                f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens_limit ({self.max_tokens_limit})"
+            )
+        if not isinstance(self.shutdown_grace_s, (int, float)) or self.shutdown_grace_s < 0:
+            raise ConfigError(f"shutdown_grace_s must be a number >= 0, got {self.shutdown_grace_s!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerSettings:
+        """Inverse of `to_dict`; an unknown key is a `ConfigError` listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown server setting(s) {unknown}; valid: {', '.join(sorted(names))}")
+        return cls(**dict(data))
+
+    def replace(self, **changes: Any) -> ServerSettings:
+        """A copy with some fields changed (validated)."""
+        return ServerSettings.from_dict({**self.to_dict(), **changes})
