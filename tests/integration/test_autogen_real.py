@@ -47,13 +47,6 @@ def pool(default_model_path):
         yield p
 
 
-@pytest.mark.xfail(
-    reason="the GGUF's jinja template re-renders the generated call as <tool_call> JSON (arguments through "
-    "tojson), not the agentmem envelope the model wrote, so the next prompt re-prefills from the call on; "
-    "issue 14 item 3 (native tool formats) fixes it",
-    strict=False,
-)
-@pytest.mark.xfail_only_on("qwen2.5-coder-0.5b-instruct")
 async def test_assistant_agent_tool_loop(pool):
     client = AgentMemChatCompletionClient(pool, agent_id="it-helper", max_tokens=24, force_tools=True)
     calls = []

@@ -55,13 +55,6 @@ def test_agent_switch_restores_instead_of_prefilling(pool: MemoryPool) -> None:
     assert meta["timings"]["prefill_s"] < meta["timings"]["total_s"]
 
 
-@pytest.mark.xfail(
-    reason="the GGUF's jinja template re-renders the generated call as <tool_call> JSON (arguments through "
-    "tojson), not the agentmem envelope the model wrote, so the next prompt re-prefills from the call on; "
-    "issue 14 item 3 (native tool formats) fixes it",
-    strict=False,
-)
-@pytest.mark.xfail_only_on("qwen2.5-coder-0.5b-instruct")
 def test_forced_tool_call_is_reused_by_the_next_prompt(pool: MemoryPool) -> None:
     model = ChatAgentMem(pool=pool, agent_id="tools", max_tokens=32).bind_tools([lookup], tool_choice="lookup")
     history: list[Any] = [SystemMessage(SYSTEM), HumanMessage("Tell me about Paris.")]
