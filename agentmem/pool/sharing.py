@@ -50,6 +50,10 @@ class Sharing:
         d.tier = "empty"
         d.ledger = Ledger()
         d.shared_upto = 0
+        # the prompt end and checkpoint belonged to the old ledger: a checkpoint taken or
+        # restored at that position would not match the new one
+        d.prompt_end = (0, 0)
+        d.swa_ckpt = None
         self.blocks.leave(d)
 
     def privatize(self, a: AgentState) -> None:

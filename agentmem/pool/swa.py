@@ -77,7 +77,8 @@ class SlidingWindow(NoWindow):
         return max(0, n_live - self.n_swa + 1)
 
     def reaches(self, seq: int, n_live: int) -> bool:
-        return self.ctx.seq_pos_min(seq) <= self._floor(n_live)
+        pos_min = self.ctx.seq_pos_min(seq)  # -1: the sequence holds no cells, which reaches nothing
+        return pos_min <= self._floor(n_live) and (pos_min >= 0 or n_live == 0)
 
     def parked_can_cut(self, n_live: int, n: int) -> bool:
         # a parked state keeps only the last window of the sliding-window layers
@@ -102,6 +103,8 @@ class SlidingWindow(NoWindow):
             return None
         now = self.ctx.swa_state_get(a.seq)
         self.ctx.seq_rm(a.seq, pe_live, -1)
+        if not self.reaches(a.seq, pe_live):
+            return None  # the window's cells before the prompt end are gone: nothing to roll back to
         ck = self.ctx.swa_state_get(a.seq)
         try:  # keep only the cells the parked state itself lacks (about the reply's)
             cut = split_state(ck, now, pe_live, partial=True)
@@ -120,7 +123,10 @@ class SlidingWindow(NoWindow):
         return ckpt
 
     def restore_checkpoint(self, seq: int, blob: np.ndarray, n_live: int) -> bool:
-        return self.ctx.swa_state_set(seq, blob) != 0 and self.reaches(seq, n_live)
+        # usable only when its window ends exactly where the ledger was cut (a checkpoint of
+        # another prompt end would leave the window's cells short of, or past, the ledger)
+        return (self.ctx.swa_state_set(seq, blob) != 0 and self.ctx.seq_pos_max(seq) == n_live - 1
+                and self.reaches(seq, n_live))
 
     def linked_complete(self, seq: int, order: np.ndarray, private: np.ndarray) -> bool:
         n_sec = int(order[0])

@@ -45,3 +45,27 @@ def test_the_checkpoint_survives_the_archive_and_a_restart(tiny_gemma3_path, tmp
     with MemoryPool(tiny_gemma3_path, archive_path=str(tmp_path / "a.db"), **opts) as p:  # restart: state in the archive
         r3 = p.chat("a", again, max_tokens=4)
         assert r3.kv == "restored" and r3.usage.cached_tokens >= r2.usage.prompt_tokens
+
+
+def test_a_handoff_destination_never_rolls_back_to_its_old_prompt_end(tiny_gemma3_path):
+    """Regression (soak, #13): `handoff` replaced the destination's ledger but kept its
+    `prompt_end` (and any checkpoint) from its own earlier conversation. Parked, it stored a
+    sliding-window checkpoint cut at that stale position (empty: the cells were below the
+    window), and its next diverging call rolled back to it: an empty checkpoint passed
+    `reaches` (`seq_pos_min` is -1 for no cells), so the sliding-window layers silently lacked
+    the positions before the cut; with other stale ends `llama_decode` failed with -1 (the
+    window's cells ended before the ledger). The live KV must hold every ledger position."""
+    long = conv("read the file and review the change to the pool module " * 6)
+    opts = dict(n_ctx=2048, resident_agents=2, n_batch=64, prefetch=False, batch_decode=False, min_share_tokens=0)
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        p.chat("d", conv("hi there"), max_tokens=4)
+        p.chat("s", long, max_tokens=8)
+        p.park("s")  # a parked source hands over only its sliding window's last cells
+        p.handoff("s", "d")
+        p.park("d")
+        follow = long + [{"role": "assistant", "content": "something else entirely"}, {"role": "user", "content": "go on"}]
+        got = p.chat("d", follow, max_tokens=8)
+        a = p._core.agents["d"]
+        assert (p.ctx.seq_pos_min(a.seq), p.ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        assert p.chat("d", follow, max_tokens=8).tokens == got.tokens
