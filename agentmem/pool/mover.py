@@ -132,6 +132,7 @@ class Mover:
         if stored is None:
             raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
         a.shared_upto = 0
+        a.swa_gap = stored.block is not None  # the block's cells, then the private window
         if not (stored.block is not None and self._restore_linked(a, stored)):
             blob = self.unpark_blob(stored)
             seq = a.seq

@@ -89,6 +89,7 @@ class Residency:
         assert a.seq is not None, f"{a.id=}"
         self.free.append(a.seq)
         a.seq = None
+        a.swa_gap = False
         self.core.cond.notify_all()
 
     def make_room(self, keep: AgentState) -> bool:

@@ -54,6 +54,7 @@ class Sharing:
         # restored at that position would not match the new one
         d.prompt_end = (0, 0)
         d.swa_ckpt = None
+        d.swa_gap = False
         self.blocks.leave(d)
 
     def privatize(self, a: AgentState) -> None:
@@ -81,9 +82,10 @@ class Sharing:
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
         if s.seq is not None:
             # the donor's sliding-window cells below its own window may have been reused
-            if n_live > 0 and not self.swa.reaches(s.seq, n_live):
+            if n_live > 0 and not self.swa.reaches(s.seq, n_live, exact=s.swa_gap):
                 raise StateError(f"agent {s.id!r} no longer holds the sliding-window cells before position {n_live}")
             ctx.seq_cp(s.seq, d.seq, 0, n_live)
+            d.swa_gap = s.swa_gap
             d.shared_upto = n_live
             s.shared_upto = max(s.shared_upto, n_live)
             mode = "shared"
@@ -92,10 +94,11 @@ class Sharing:
             if stored is None:
                 raise StateError(f"agent {s.id!r} has no KV state to hand off")
             blob = self.mover.unpark_blob(stored)
+            d.swa_gap = stored.block is not None
             if ctx.state_set(d.seq, blob) == 0:
                 raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
             if n_live < s.ledger.n_live:
-                if not self.swa.reaches(d.seq, n_live):
+                if not self.swa.reaches(d.seq, n_live, exact=d.swa_gap):
                     ctx.seq_rm(d.seq)
                     raise StateError(f"agent {s.id!r} is parked past its sliding window; hand off from it while it is live")
                 ctx.seq_rm(d.seq, n_live, -1)

@@ -83,6 +83,9 @@ class AgentState:
     # sliding-window layers as of prompt_end, captured when parked (see swa.py)
     # (a tuple ``(private blob, order)`` when stored cut against the parked state)
     swa_ckpt: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
+    # its sliding-window cells may have a gap (a state joined from a shared block's cells and
+    # a private last window): `SlidingWindow.reaches` then checks every position, not just the lowest
+    swa_gap: bool = False
     # shared KV block its first cells belong to (parked states then keep only the rest)
     block: str | None = None
     # cells at positions below this may be tagged for other sequences too (seq_cp):

@@ -33,8 +33,12 @@ class NoWindow:
 
     active = False
 
-    def reaches(self, seq: int, n_live: int) -> bool:
-        """True when sequence `seq` still holds the window needed to continue after `n_live` tokens."""
+    def reaches(self, seq: int, n_live: int, *, exact: bool = False) -> bool:
+        """True when sequence `seq` still holds the window needed to continue after `n_live` tokens.
+
+        `exact`: the sequence's window cells may have a gap (`AgentState.swa_gap`), so every
+        position of the window is checked, not only the lowest one held.
+        """
         return True
 
     def parked_can_cut(self, n_live: int, n: int) -> bool:
@@ -76,9 +80,19 @@ class SlidingWindow(NoWindow):
         """The lowest sliding-window position continuing after `n_live` tokens needs."""
         return max(0, n_live - self.n_swa + 1)
 
-    def reaches(self, seq: int, n_live: int) -> bool:
+    def _holds(self, positions: np.ndarray, n_live: int) -> bool:
+        """True when `positions` include every position of the window before `n_live`."""
+        return bool(np.isin(np.arange(self._floor(n_live), n_live), positions).all())
+
+    def reaches(self, seq: int, n_live: int, *, exact: bool = False) -> bool:
+        if n_live == 0:
+            return True
         pos_min = self.ctx.seq_pos_min(seq)  # -1: the sequence holds no cells, which reaches nothing
-        return pos_min <= self._floor(n_live) and (pos_min >= 0 or n_live == 0)
+        if not 0 <= pos_min <= self._floor(n_live):
+            return False
+        # A gap (a shared block's cells from 0, then a restored private window) would pass
+        # the lowest-position test while the window before `n_live` is missing.
+        return not exact or self._holds(parse_state(self.ctx.swa_state_get(seq)).positions, n_live)
 
     def parked_can_cut(self, n_live: int, n: int) -> bool:
         # a parked state keeps only the last window of the sliding-window layers
@@ -101,10 +115,10 @@ class SlidingWindow(NoWindow):
         pe_live = a.prompt_end[1]
         if not (self.n_swa < n_live and 0 < pe_live < n_live - 1):
             return None
+        if not self.reaches(a.seq, pe_live, exact=a.swa_gap):
+            return None  # the window's cells before the prompt end are gone: nothing to roll back to
         now = self.ctx.swa_state_get(a.seq)
         self.ctx.seq_rm(a.seq, pe_live, -1)
-        if not self.reaches(a.seq, pe_live):
-            return None  # the window's cells before the prompt end are gone: nothing to roll back to
         ck = self.ctx.swa_state_get(a.seq)
         try:  # keep only the cells the parked state itself lacks (about the reply's)
             cut = split_state(ck, now, pe_live, partial=True)
@@ -126,7 +140,7 @@ class SlidingWindow(NoWindow):
         # usable only when its window ends exactly where the ledger was cut (a checkpoint of
         # another prompt end would leave the window's cells short of, or past, the ledger)
         return (self.ctx.swa_state_set(seq, blob) != 0 and self.ctx.seq_pos_max(seq) == n_live - 1
-                and self.reaches(seq, n_live))
+                and self._holds(parse_state(blob).positions, n_live))
 
     def linked_complete(self, seq: int, order: np.ndarray, private: np.ndarray) -> bool:
         n_sec = int(order[0])

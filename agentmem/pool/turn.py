@@ -174,7 +174,7 @@ class TurnRunner:
             return n_keep
         keep_live = a.ledger.live_before(n_keep)
         ck_blob = None
-        if 0 < keep_live < a.ledger.n_live and not self.swa.reaches(a.seq, keep_live):
+        if 0 < keep_live < a.ledger.n_live and not self.swa.reaches(a.seq, keep_live, exact=a.swa_gap):
             # A restored state carries only the last window of the sliding-window
             # layers; cutting back below it would leave them without history.
             if ckpt is not None and keep_live >= a.prompt_end[1]:
@@ -189,11 +189,14 @@ class TurnRunner:
                 n_keep = 0
         keep_live = a.ledger.truncate(n_keep)
         ctx.seq_rm(a.seq, keep_live, -1)
+        if keep_live == 0:
+            a.swa_gap = False
         self.blocks.leave_below(a, keep_live)
         if ck_blob is not None and not self.swa.restore_checkpoint(a.seq, ck_blob, keep_live):
             logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)
             ctx.seq_rm(a.seq)
             a.ledger.truncate(0)
+            a.swa_gap = False
             self.blocks.leave(a)
             n_keep = 0
         return n_keep

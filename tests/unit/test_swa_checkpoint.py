@@ -69,3 +69,27 @@ def test_a_handoff_destination_never_rolls_back_to_its_old_prompt_end(tiny_gemma
         assert (p.ctx.seq_pos_min(a.seq), p.ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
     with MemoryPool(tiny_gemma3_path, **opts) as p:
         assert p.chat("d", follow, max_tokens=8).tokens == got.tokens
+
+
+def test_a_cut_inside_the_gap_of_a_restored_shared_state_re_prefills(tiny_gemma3_path):
+    """Regression (soak, #13): an agent restored from a state cut at a shared block holds the
+    block's sliding-window cells from position 0 and then only its private last window, with
+    a gap between. `reaches` looked at the lowest position only, so a diverging call that cut
+    inside the gap kept the cells, and `llama_decode` failed with -1 (the window's cells ended
+    at the block) -- an EngineError out of `chat`. The cut must fall back to a re-prefill."""
+    brief = "the team must ship the release on friday and every change needs a review " * 4
+    words = " ".join(f"step {i} reads the file" for i in range(40))
+    first = [{"role": "system", "content": brief}, {"role": "user", "content": words}]
+    opts = dict(n_ctx=2048, resident_agents=2, n_batch=64, prefetch=False, batch_decode=False)
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        n_brief = p.share("brief", [{"role": "system", "content": brief}])
+        r1 = p.chat("a", first, max_tokens=4)
+        assert r1.kv == "shared"
+        p.park("a")
+        edited = [first[0], {"role": "user", "content": words[: len(words) // 3] + " and then stops"}]
+        got = p.chat("a", edited, max_tokens=6)  # common prefix ends inside the gap
+        a = p._core.agents["a"]
+        assert (p.ctx.seq_pos_min(a.seq), p.ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
+        assert got.usage.cached_tokens in (0, n_brief) or got.usage.cached_tokens >= r1.usage.prompt_tokens
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        assert p.chat("a", edited, max_tokens=6).tokens == got.tokens
