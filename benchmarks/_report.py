@@ -33,6 +33,13 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A markdown (pipe) table, for results meant to be pasted into the docs."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def make_pool(cfg: dict[str, Any], **options: Any) -> Any:
     """A MemoryPool on ``cfg["model"]`` with ``cfg["threads"]`` threads (imported late: workers fork first)."""
     from agentmem import MemoryPool
@@ -54,7 +61,7 @@ def run_meta(script: str, model: str, args: argparse.Namespace, argv: list[str] 
     return {
         "model": Path(model).name,
         "threads": args.threads,
-        "quick": args.quick,
+        "quick": getattr(args, "quick", False),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "load_at_start": load(),
