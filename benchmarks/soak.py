@@ -125,7 +125,7 @@ class Watchdog:
                 late = [(op, agent, now - t0) for op, agent, t0 in self._inflight.values() if now - t0 > self.deadline_s]
                 inflight = [(op, agent, round(now - t0, 1)) for op, agent, t0 in self._inflight.values()]
             if late:
-                sys.stderr.write(f"\nHANG: {late} over the {self.deadline_s:.0f} s deadline; in flight: {inflight}\n")
+                sys.stderr.write(f"\nHANG: {late} over the {self.deadline_s:g} s deadline; in flight: {inflight}\n")
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
                 try:
@@ -392,7 +392,7 @@ def report(res: dict[str, Any]) -> str:
         ["RSS slope, second half", f"{r['slope_second_half_mib_per_min']:+.2f} MiB/min"],
         ["documented errors", ", ".join(f"{k} {n}" for k, n in res["errors"]["documented"].items()) or "none"],
         ["undocumented errors", ", ".join(f"{k} {n}" for k, n in res["errors"]["undocumented"].items()) or "none"],
-        ["hangs (deadline %.0f s)" % res["meta"]["deadline_s"], res["hangs"]],
+        [f"hangs (deadline {res['meta']['deadline_s']:g} s)", res["hangs"]],
         ["lost agents / leaked sequences", f"{len(res['checks']['lost_agents'])} / {res['checks']['leaked_sequences']}"],
         ["load 1/5/15 at start / end", f"{res['meta']['load_at_start']} / {res['meta']['load_at_end']}"],
     ]))
@@ -439,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def dump(extra: dict[str, Any]) -> None:
         res.setdefault("hang", extra)
+        res["hangs"] = len(extra["late"])
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(res, indent=2, default=str))
