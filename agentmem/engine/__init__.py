@@ -1,7 +1,9 @@
 """The engine: the only code that touches llama.cpp (model, context, sampling, chat format).
 
-* `context` owns the native handles: `LlamaModel` (weights, vocabulary, tokenization that
-  keeps message text apart from control tokens), `LlamaContext` and `TokenBatch`.
+* `llama_model` owns the loaded model: `LlamaModel` (weights, vocabulary, chat template,
+  tokenization that keeps message text apart from control tokens).
+* `context` owns one context: `LlamaContext` (sequences, batched decode, state get/set)
+  and its `TokenBatch`.
 * `threads` picks the llama.cpp thread count when `n_threads` is 0.
 * `llama_log` routes llama.cpp's log through `logging` (`agentmem.llama`), expected
   restore failures at DEBUG.
