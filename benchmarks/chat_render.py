@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentmem.engine.chat_format import ChatRenderer  # noqa: E402
+from agentmem.engine.renderer import ChatRenderer  # noqa: E402
 from agentmem.engine.context import LlamaModel  # noqa: E402
 from tests.fixtures.tiny_gguf import build_tiny_gguf  # noqa: E402
 

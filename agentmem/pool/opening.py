@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from agentmem.archive import Archive
 from agentmem.config import PoolConfig
-from agentmem.engine.chat_format import ChatRenderer
+from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from agentmem.config import PoolConfig
-    from agentmem.engine.chat_format import ChatRenderer
+    from agentmem.engine.renderer import ChatRenderer
     from agentmem.engine.context import LlamaContext, LlamaModel
     from agentmem.archive import Archive
     from agentmem.memory.tiers import Tier

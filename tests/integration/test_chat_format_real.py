@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from agentmem import MemoryPool
-from agentmem.engine.chat_format import ChatRenderer, normalize_messages
+from agentmem.engine.chat_format import normalize_messages
+from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import LlamaModel
 
 pytestmark = pytest.mark.integration

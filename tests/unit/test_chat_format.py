@@ -8,10 +8,10 @@ from agentmem.engine.chat_format import (
     ChatMLFormat,
     GemmaFormat,
     normalize_messages,
-    select_format,
     tool_calls_text,
 )
 from agentmem.engine.jinja_format import JinjaFormat
+from agentmem.engine.renderer import select_format
 from agentmem.errors import MessageError, PolicyError
 
 
@@ -117,7 +117,7 @@ def tiny_model(tiny_model_path):
 
 
 def _renderer(model, fmt):
-    from agentmem.engine.chat_format import ChatRenderer
+    from agentmem.engine.renderer import ChatRenderer
     from tests.fixtures.tiny_gguf import GEMMA3_TEMPLATE
 
     if fmt == "jinja-gemma":  # a Gemma-style jinja template (`| trim` on content)
