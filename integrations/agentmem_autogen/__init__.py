@@ -10,6 +10,14 @@ prefilling its whole history again.
 >>> from agentmem_autogen import clients_for                           # doctest: +SKIP
 >>> clients = clients_for(MemoryPool(n_ctx=8192), ["pm", "engineer"])  # doctest: +SKIP
 
+* `_client.py`: `AgentMemChatCompletionClient`, its serializable config and `clients_for`:
+  what AutoGen sees (options, `create`/`create_stream`, token counts, usage, `close`).
+* `_plan.py`: the plan of one call — which tools the reply may or must call, its grammar,
+  a forced prefix, the redo of a malformed call — decided before anything is generated.
+* `_execute.py`: runs a plan on the pool, streams its text, redoes a malformed call and
+  builds the `CreateResult`.
+* `_messages.py`: AutoGen messages and tools ↔ agentmem chat messages and tool schemas.
+
 Needs AutoGen: `pip install 'agentmem[autogen]'`.
 """
 
@@ -27,12 +35,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from agentmem.tools import choice_grammar
 
-from ._client import (
-    SAMPLING_ARGS,
-    AgentMemChatCompletionClient,
-    AgentMemChatCompletionClientConfig,
-    clients_for,
-)
+from ._client import AgentMemChatCompletionClient, AgentMemChatCompletionClientConfig, clients_for
+from ._plan import SAMPLING_ARGS
 
 __all__ = [
     "SAMPLING_ARGS",

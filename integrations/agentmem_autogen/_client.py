@@ -8,18 +8,14 @@ kept KV instead of being prefilled again.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
-from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
 
-from autogen_core import EVENT_LOGGER_NAME, CancellationToken, Component, FunctionCall, MessageHandlerContext
+from autogen_core import EVENT_LOGGER_NAME, CancellationToken, Component, MessageHandlerContext
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent
 from autogen_core.models import (
     ChatCompletionClient,
     CreateResult,
-    FinishReasons,
     LLMMessage,
     ModelFamily,
     ModelInfo,
@@ -31,35 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 from agentmem import ChatResult, MemoryPool, PoolConfig
-from agentmem.tools import (
-    JSON_OBJECT_GRAMMAR,
-    ToolFormat,
-    acquire,
-    get_tool_format,
-    choice_grammar,
-    opens_tool_call,
-    register,
-    release,
-    schema_grammar,
-    text_before_json,
-    tools_prompt,
-    with_system_block,
-)
+from agentmem.tools import acquire, register, release
 
-from ._messages import candidate_names, parse_tool_calls, to_agentmem_messages, tool_schemas
+from ._execute import execute
+from ._messages import to_agentmem_messages, tool_schemas
+from ._plan import _Plan, check_args, plan_call, with_tools
 
 __all__ = ["AgentMemChatCompletionClient", "AgentMemChatCompletionClientConfig", "clients_for"]
 
-logger = logging.getLogger(__name__)
 event_logger = logging.getLogger(EVENT_LOGGER_NAME)
-
-SAMPLING_ARGS: frozenset[str] = frozenset(
-    {
-        "max_tokens", "temperature", "top_k", "top_p", "min_p",
-        "repeat_penalty", "repeat_last_n", "seed", "stop", "grammar",
-    }
-)
-"""Keys accepted in `create_args` and in `extra_create_args` of a call."""
 
 FALLBACK_AGENT_ID = "autogen"
 """The KV slot of a client without `agent_id` used outside an AutoGen runtime."""
@@ -96,25 +72,6 @@ class AgentMemChatCompletionClientConfig(BaseModel):
     the last such list in the prompt), so a small model always names a valid speaker."""
     model_info: Optional[ModelInfo] = None
     """Overrides `AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What one `create` call will do (built and validated before any generation)."""
-
-    agent_id: str
-    messages: list[dict[str, Any]]
-    sampling: dict[str, Any]
-    grammar: Optional[str]  # constraint of the first generation
-    tool_names: list[str] = field(default_factory=list)  # tools the reply may call
-    prefix: Optional[str] = None  # start of the reply, given in the prompt (forced tool call)
-    retry: Optional[tuple[str, str]] = None  # (prefix, grammar) redoing a malformed call in auto mode
-    stream_text: bool = True  # pieces are text for the caller (not a tool call)
-    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
-
-    @property
-    def forced(self) -> bool:
-        return self.prefix is not None
 
 
 class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatCompletionClientConfig]):
@@ -226,7 +183,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         if pool is not None and not isinstance(pool, MemoryPool):
             raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
         args = dict(create_args or {})
-        _check_args(args, "create_args")
+        check_args(args, "create_args")
         self._defaults: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, **args}
         self._create_args = args
         self._max_tokens = max_tokens
@@ -314,7 +271,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         """Prompt tokens `messages` render to through the model's chat template (tools block included)."""
         agent = self._resolve_agent_id()
-        conv, kw = self._with_tools(to_agentmem_messages(messages), tool_schemas(tools) or self._agent_tools.get(agent, []))
+        conv, kw = with_tools(
+            to_agentmem_messages(messages), tool_schemas(tools) or self._agent_tools.get(agent, []), self._pool.tool_format
+        )
         return self._pool.count_tokens(conv, **kw)
 
     def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
@@ -394,21 +353,6 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         )
 
     # ------------------------------------------------------------------ internals
-    def _with_tools(
-        self, conv: list[dict[str, Any]], schemas: Sequence[Mapping[str, Any]]
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The conversation and pool keywords that show `schemas` to the model.
-
-        A native tool format gets them through the chat template (`tools=`); otherwise
-        agentmem's tools block ends the system message.
-        """
-        if not schemas:
-            return conv, {}
-        if self._pool.tool_format.native:
-            shown = [{"name": s["name"], "description": s.get("description") or "", "parameters": s.get("parameters") or {}} for s in schemas]
-            return conv, {"tools": shown}
-        return with_system_block(conv, tools_prompt(schemas)), {}
-
     def _resolve_agent_id(self) -> str:
         if self._agent_id is not None:
             return self._agent_id
@@ -426,123 +370,31 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         json_output: Any,
         extra_create_args: Mapping[str, Any],
     ) -> _Plan:
+        """The `_Plan` of one call (`plan_call` with this client's options and the agent's tools)."""
         if self._closed:
             raise RuntimeError("this AgentMemChatCompletionClient is closed")
         extra = dict(extra_create_args)
-        _check_args(extra, "extra_create_args")
+        check_args(extra, "extra_create_args")
         sampling = {**self._defaults, **extra}
-        user_grammar = sampling.pop("grammar", None)
         agent = self._resolve_agent_id()
         conv = to_agentmem_messages(messages)
         schemas = tool_schemas(tools)
-        names = [s["name"] for s in schemas]
         if schemas:
             self._agent_tools[agent] = schemas
-        # keep the prompt (and so the KV prefix) stable on calls without tools
-        conv, tools_kw = self._with_tools(conv, schemas or self._agent_tools.get(agent, []))
-        sampling.update(tools_kw)
-        fmt = self._pool.tool_format
-        parallel = self._parallel and fmt.parallel
-
-        # which tools the reply may / must call
-        if isinstance(tool_choice, Tool):
-            if tool_choice.name not in names:
-                raise ValueError(f"tool_choice names tool {tool_choice.name!r}, which is not among tools {names}")
-            forced = [s for s in schemas if s["name"] == tool_choice.name]
-        elif tool_choice == "required":
-            if not schemas:
-                raise ValueError("tool_choice='required' but no tools were given")
-            forced = schemas
-        elif tool_choice == "auto":
-            forced = schemas if self._force_tools else []
-        elif tool_choice == "none":
-            forced = []
-        else:
-            raise ValueError(f"tool_choice must be a Tool, 'auto', 'required' or 'none', got {tool_choice!r}")
-        allowed = [] if tool_choice == "none" else ([s["name"] for s in forced] if forced else names)
-
-        # the output constraint
-        if json_output is None or json_output is False:
-            json_grammar = None
-        elif json_output is True:
-            json_grammar = JSON_OBJECT_GRAMMAR
-        elif isinstance(json_output, type) and issubclass(json_output, BaseModel):
-            json_grammar = schema_grammar(json_output.model_json_schema())
-        else:
-            raise ValueError(f"json_output must be None, a bool or a pydantic BaseModel subclass, got {json_output!r}")
-        if user_grammar is not None and (json_grammar is not None or forced):
-            raise ValueError("a 'grammar' create arg cannot be combined with json_output or a forced tool_choice")
-
-        if forced:
-            prefix, grammar = fmt.continuation(forced, parallel=parallel)
-            return _Plan(agent, conv, sampling, grammar, allowed, prefix=prefix, stream_text=False, fmt=fmt)
-        if allowed and json_grammar is not None:
-            # A JSON reply or a tool call: one grammar admits both; the parse decides.
-            if json_output is not True:
-                json_grammar = fmt.call_or_document(schemas, json_output.model_json_schema(), parallel=parallel)
-            elif fmt.native:  # the envelope is a JSON object; a native call is not
-                json_grammar = fmt.call_or_document(schemas, {"type": "object"}, parallel=parallel)
-            return _Plan(agent, conv, sampling, json_grammar, allowed, stream_text=False, fmt=fmt)
-        if allowed:
-            retry = fmt.continuation(schemas, parallel=parallel)
-            return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry, fmt=fmt)
-        if json_grammar is None and user_grammar is None and self._speaker_selection:
-            names = candidate_names(conv)
-            if names:
-                user_grammar = choice_grammar(names)
-        return _Plan(agent, conv, sampling, json_grammar or user_grammar, [])
-
-    async def _pool_stream(
-        self, plan: _Plan, grammar: str | None, prefix: str | None, token: CancellationToken | None
-    ) -> AsyncGenerator[str | ChatResult, None]:
-        """One pool generation as an async stream; cancelling `token` stops it at once.
-
-        `prefix` is given to the model as the start of its reply (continued, not closed).
-        """
-        kw = dict(plan.sampling)
-        if grammar is not None:
-            kw["grammar"] = grammar
-        msgs = plan.messages if prefix is None else [*plan.messages, {"role": "assistant", "content": prefix}]
-        agen = self._pool.achat_stream(plan.agent_id, msgs, **kw)
-        loop = asyncio.get_running_loop()
-        current: list[asyncio.Future[Any]] = []
-        cancelled = False
-
-        def on_cancel() -> None:
-            nonlocal cancelled
-            cancelled = True
-            for f in current:
-                loop.call_soon_threadsafe(f.cancel)
-
-        if token is not None:
-            token.add_callback(on_cancel)
-        try:
-            while True:
-                if cancelled:
-                    raise asyncio.CancelledError("cancelled by the CancellationToken")
-                fut = asyncio.ensure_future(agen.__anext__())
-                current[:] = [fut]
-                try:
-                    item = await fut
-                except StopAsyncIteration:
-                    return
-                finally:
-                    current.clear()
-                yield item
-        finally:
-            await agen.aclose()
-
-    async def _generate(
-        self, plan: _Plan, grammar: str | None, prefix: str | None, token: CancellationToken | None
-    ) -> ChatResult:
-        """Run one pool generation to its end."""
-        result: ChatResult | None = None
-        async for item in self._pool_stream(plan, grammar, prefix, token):
-            if isinstance(item, ChatResult):
-                result = item
-        assert result is not None, "the pool stream ended without a ChatResult"
-        self._record(plan, result)
-        return result
+        return plan_call(
+            agent,
+            conv,
+            sampling,
+            schemas,
+            # keep the prompt (and so the KV prefix) stable on calls without tools
+            schemas or self._agent_tools.get(agent, []),
+            self._pool.tool_format,
+            tool_choice,
+            json_output,
+            parallel=self._parallel,
+            force_tools=self._force_tools,
+            speaker_selection=self._speaker_selection,
+        )
 
     def _record(self, plan: _Plan, result: ChatResult) -> None:
         self.last_result = result
@@ -552,118 +404,21 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     async def _execute(
         self, plan: _Plan, token: CancellationToken | None, *, stream: bool
     ) -> AsyncGenerator[str | CreateResult, None]:
-        results: list[ChatResult] = []
-        if stream and plan.stream_text:
-            # Stream text as it comes, except a reply that opens like a tool call
-            # (held back until it is known whether it is one).
-            held: list[str] = []
-            holding: bool | None = None  # undecided until the first non-blank piece
-            r1: ChatResult | None = None
-            async for item in self._pool_stream(plan, plan.grammar, None, token):
-                if isinstance(item, ChatResult):
-                    r1 = item
-                    continue
-                if holding is None:
-                    held.append(item)
-                    lead = "".join(held).lstrip()
-                    if not lead:
-                        continue
-                    opens = _opens(plan, lead)
-                    if opens is None:
-                        continue  # could still be a call: keep holding
-                    holding = bool(plan.tool_names) and opens
-                    if not holding:
-                        for piece in held:
-                            yield piece
-                        held.clear()
-                elif holding:
-                    held.append(item)
-                else:
-                    yield item
-            assert r1 is not None, "the pool stream ended without a ChatResult"
-            self._record(plan, r1)
-            results.append(r1)
-            text = r1.text
-            unsent = "".join(held)
-        else:
-            r1 = await self._generate(plan, plan.grammar, plan.prefix, token)
-            results.append(r1)
-            text = (plan.prefix or "") + r1.text
-            unsent = text if stream else ""
-
-        content: str | list[FunctionCall] = text
-        thought: str | None = None
-        finish: FinishReasons = "length" if r1.finish_reason == "length" else "stop"
-        if plan.tool_names:
-            written = text  # the reply as the model wrote it (the forced prefix included)
-            parsed = parse_tool_calls(text, plan.tool_names, plan.fmt)
-            if parsed is None and plan.retry is not None and plan.fmt.looks_like_call(text, plan.tool_names):
-                logger.debug("agent %r: malformed tool call %r; redoing it under the grammar", plan.agent_id, text[:80])
-                prefix, grammar = plan.retry
-                r2 = await self._generate(plan, grammar, prefix, token)
-                results.append(r2)
-                written = prefix + r2.text
-                parsed = parse_tool_calls(written, plan.tool_names, plan.fmt)
-                if parsed is not None:
-                    j = text.find(plan.fmt.opener) if plan.fmt.native else -1
-                    parsed = (parsed[0], text[:j].strip() if j != -1 else text_before_json(text))
-            if parsed is not None:
-                content, before = parsed
-                thought = before or None
-                finish = "function_calls"
-                unsent = ""
-                back = plan.fmt.written_back(before, [(c.name, c.arguments) for c in content]) if plan.fmt.native else None
-                if back is not None and back != written.strip():
-                    # The model wrote the call in another shape than its template writes it back:
-                    # put the template's form in the KV now (prefill only), so the next call keeps it.
-                    quiet = dataclasses.replace(plan, sampling={**plan.sampling, "max_tokens": 0})
-                    results.append(await self._generate(quiet, None, back, token))
-            elif plan.forced:
-                logger.warning(
-                    "agent %r: forced tool call did not complete (finish=%s, %d tokens): %r",
-                    plan.agent_id, r1.finish_reason, r1.usage.completion_tokens, text[:120],
+        """`execute` on this client's pool, counting the call's tokens before its result is yielded."""
+        async for item in execute(self._pool, plan, token, self._record, stream=stream):
+            if isinstance(item, CreateResult):
+                usage = item.usage
+                self._last_usage = usage
+                self._total_usage = RequestUsage(
+                    self._total_usage.prompt_tokens + usage.prompt_tokens,
+                    self._total_usage.completion_tokens + usage.completion_tokens,
                 )
-        if stream and unsent:
-            yield unsent
-
-        usage = RequestUsage(
-            prompt_tokens=sum(r.usage.prompt_tokens for r in results),
-            completion_tokens=sum(r.usage.completion_tokens for r in results),
-        )
-        self._last_usage = usage
-        self._total_usage = RequestUsage(
-            self._total_usage.prompt_tokens + usage.prompt_tokens,
-            self._total_usage.completion_tokens + usage.completion_tokens,
-        )
-        yield CreateResult(
-            finish_reason=finish,
-            content=content,
-            usage=usage,
-            cached=r1.usage.cached_tokens > 0,
-            thought=thought,
-        )
-
-
-def _opens(plan: _Plan, lead: str) -> bool | None:
-    """Whether a streamed reply opening with `lead` may be a call (None: not known yet)."""
-    if not plan.tool_names:
-        return False
-    if plan.fmt.native:
-        native = plan.fmt.opens_call(lead)
-        if native is not False:
-            return native
-    return opens_tool_call(lead, lenient=True)
+            yield item
 
 
 def _open_pool(config: PoolConfig) -> MemoryPool:
     """How the shared-pool registry opens a pool this client asks for."""
     return MemoryPool(config=config)
-
-
-def _check_args(args: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(set(args) - SAMPLING_ARGS)
-    if unknown:
-        raise ValueError(f"unknown {where} key(s) {unknown}; valid: {', '.join(sorted(SAMPLING_ARGS))}")
 
 
 def clients_for(
