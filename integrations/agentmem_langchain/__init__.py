@@ -4,10 +4,18 @@
 >>> coder = ChatAgentMem(agent_id="coder")               # loads nothing yet
 >>> coder.invoke("Write a haiku.").usage_metadata        # doctest: +SKIP
 
-* `ChatAgentMem`: `BaseChatModel` (tools, structured output, streaming, async).
-* `AgentMemLLM`: `BaseLLM` for prompt-string chains.
-* `shared_pool` / `close_shared_pools`: the process-wide pools that objects built
-  without `pool=` share (`agentmem.tools.registry`, shared with the AutoGen client).
+* `chat_models.py`: `ChatAgentMem`, a `BaseChatModel` (tools, structured output,
+  streaming, async) that runs each call on the pool.
+* `llms.py`: `AgentMemLLM`, a `BaseLLM` for prompt-string chains.
+* `_common.py`: what both models share — pool fields, agent identity, sampling, per-agent
+  locks, the usage/timings metadata and `shared_pool` (with `close_shared_pools`: the
+  process-wide pools that objects built without `pool=` share, `agentmem.tools.registry`,
+  shared with the AutoGen client).
+* `_plan.py`: the plan of one chat-model call — messages, sampling, the grammar of a forced
+  tool call or a JSON reply.
+* `_reply.py`: reading a reply as content or tool calls, and which streamed text may be shown yet.
+* `_messages.py`: LangChain messages → agentmem chat messages.
+* `_tools.py`: LangChain tools and `tool_choice` normalized; tool calls as LangChain's types.
 
 Tool prompts, grammars and call parsing are agentmem's one protocol, `agentmem.tools`;
 this package only adapts it to LangChain's types.

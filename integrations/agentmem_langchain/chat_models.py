@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, InvalidToolCall, ToolCall
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
@@ -20,181 +18,14 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from agentmem import ChatResult as PoolResult
-from agentmem.tools import (
-    JSON_OBJECT_GRAMMAR,
-    ToolFormat,
-    get_tool_format,
-    json_prompt,
-    schema_grammar,
-    split_forced_prefix,
-    tools_prompt,
-    with_system_block,
-)
 
 from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
 from ._messages import to_pool_messages
-from ._tools import ToolSpec, find_tool_calls, normalize_tool_choice, normalize_tools, parse_tool_calls
+from ._plan import _CALL_KEYS, _Call, plan_call
+from ._reply import _Holder, _read, _Reply, _rewrite_call
+from ._tools import normalize_tool_choice, normalize_tools
 
 __all__ = ["ChatAgentMem"]
-
-_CALL_KEYS = {
-    "agent_id",
-    "max_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repeat_penalty",
-    "seed",
-    "grammar",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "response_format",
-}
-
-
-@functools.lru_cache(maxsize=256)
-def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
-    tools = json.loads(tools_json)
-    if only is not None:
-        tools = [t for t in tools if t["name"] == only]
-    return fmt.forced(tools, parallel=parallel)
-
-
-@functools.lru_cache(maxsize=256)
-def _json_grammar(schema_json: str | None) -> tuple[str, str]:
-    grammar = JSON_OBJECT_GRAMMAR if schema_json is None else schema_grammar(json.loads(schema_json))
-    return split_forced_prefix(grammar)
-
-
-def _response_schema(response_format: Any) -> dict[str, Any] | None:
-    """`response_format` → a JSON schema, or `None` for "any JSON object".
-
-    Accepts `{"type": "json_object"}`, OpenAI's
-    `{"type": "json_schema", "json_schema": {"schema": ...}}`, a JSON schema
-    dict, a pydantic class or a TypedDict.
-    """
-    if isinstance(response_format, dict):
-        kind = response_format.get("type")
-        if kind == "json_object":
-            return None
-        if kind == "json_schema":
-            inner = response_format.get("json_schema", response_format)
-            schema = inner.get("schema") if isinstance(inner, dict) else None
-            if not isinstance(schema, dict):
-                raise ValueError("response_format of type 'json_schema' needs a 'schema' dict")
-            return schema
-    return convert_to_json_schema(response_format)
-
-
-@dataclass
-class _Call:
-    """One model call, prepared: what goes to the pool and how to read the reply."""
-
-    agent_id: str
-    messages: list[dict[str, Any]]
-    sampling: dict[str, Any]
-    mode: Literal["text", "json", "tools", "auto"] = "text"
-    prefix: str = ""
-    tool_names: tuple[str, ...] = ()
-    forced: Callable[[], _Call] | None = None  # auto mode: the same call with a call forced
-    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
-
-    def pool_messages(self) -> list[dict[str, Any]]:
-        if not self.prefix:
-            return self.messages
-        return [*self.messages, {"role": "assistant", "content": self.prefix}]
-
-
-@dataclass
-class _Reply:
-    content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
-    retry: bool = False
-    rewrite: str | None = None  # the call as the template writes it back, when the model wrote it otherwise
-
-
-def _written_back(call: _Call, full: str, reply: _Reply) -> _Reply:
-    """`reply`, marked for a rewrite when its calls are not written the way the template writes them back.
-
-    A model may write a call in another shape than its template's (a bare JSON object,
-    other spacing); the next prompt renders the template's form, and the KV of the
-    call would be re-prefilled then. `_rewrite_call` puts the template's form in the KV now.
-    """
-    if not call.fmt.native or not reply.tool_calls or reply.invalid_tool_calls:
-        return reply
-    back = call.fmt.written_back(reply.content, [(c["name"], c["args"]) for c in reply.tool_calls])
-    if back != full.strip():
-        reply.rewrite = back
-    return reply
-
-
-def _rewrite_call(call: _Call, reply: _Reply) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
-    """Pool arguments that prefill `reply.rewrite` as the agent's reply (nothing is generated)."""
-    assert reply.rewrite is not None
-    keep = {k: v for k, v in call.sampling.items() if k == "tools"}
-    return call.agent_id, [*call.messages, {"role": "assistant", "content": reply.rewrite}], {**keep, "max_tokens": 0}
-
-
-def _read(call: _Call, text: str) -> _Reply:
-    """Interpret the generated `text` of `call`."""
-    full = call.prefix + text
-    if call.mode in ("text", "json"):
-        return _Reply(content=full)
-    parsed = parse_tool_calls(full, call.fmt)
-    if call.mode == "auto":
-        if parsed is None and call.fmt.native:  # a native call after some text: the text is the content
-            found = find_tool_calls(full, call.tool_names, call.fmt)
-            if found is not None:
-                return _written_back(call, full, _Reply(content=found[1], tool_calls=found[0]))
-        if parsed is None:
-            return _Reply(content=full)
-        calls, invalid = parsed
-        bad = invalid or not calls or any(c["name"] not in call.tool_names for c in calls)
-        if bad and call.forced is not None:
-            return _Reply(retry=True)
-        return _written_back(call, full, _Reply(tool_calls=calls, invalid_tool_calls=invalid))
-    if parsed is None:  # cannot happen under the grammar, unless cut by a stop string
-        return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=full, id=None, error="no tool-call JSON in the reply")])
-    calls, invalid = parsed
-    return _Reply(tool_calls=calls, invalid_tool_calls=invalid)
-
-
-class _Holder:
-    """Decides, while streaming, which text may be shown now.
-
-    Text replies stream as they come. A forced tool call is held to the end (it
-    arrives as tool-call chunks). In `auto` mode the start of a reply is held
-    while it could still be a tool call (in the model's syntax, `call.fmt`).
-    """
-
-    def __init__(self, call: _Call) -> None:
-        self.call = call
-        self.held = ""
-        self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(call.mode)
-
-    def push(self, piece: str) -> str:
-        if self.decided == "text":
-            return piece
-        self.held += piece
-        if self.decided is None:
-            opens = self.call.fmt.opens_call(self.held)
-            if opens:
-                self.decided = "tool"
-            elif opens is False:
-                self.decided = "text"
-                out, self.held = self.held, ""
-                return out
-        return ""
-
-    def rest(self, reply: _Reply) -> str:
-        """Held text still to show once the reply is known."""
-        if reply.tool_calls or reply.invalid_tool_calls or reply.retry:
-            return ""
-        return self.held
-
 
 class ChatAgentMem(AgentMemFields, BaseChatModel):
     """LangChain chat model on an agentmem `agentmem.MemoryPool`.
@@ -383,46 +214,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         agent = self._agent_from(kwargs)
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
-        fmt = self.get_pool().tool_format
-        grammar = kwargs.get("grammar")
-        tools = kwargs.get("tools") or []
-        choice = kwargs.get("tool_choice") or "auto"
-        response_format = kwargs.get("response_format")
-        if grammar is not None and (tools or response_format is not None):
-            raise ValueError("a raw 'grammar' cannot be combined with tools or response_format")
-        if tools and response_format is not None and choice != "none":
-            raise ValueError("tools and response_format cannot be used together (unless tool_choice='none')")
-        if grammar is not None:
-            return _Call(agent, msgs, {**sampling, "grammar": grammar})
-
-        if tools:
-            specs = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters") or {}) for t in tools]
-            names = tuple(s.name for s in specs)
-            choice = normalize_tool_choice(choice, names)
-            if fmt.native:  # the model's own template shows the tools
-                sampling = {**sampling, "tools": [s.as_dict() for s in specs]}
-            else:
-                msgs = with_system_block(msgs, tools_prompt([s.as_dict() for s in specs]))
-            parallel = bool(kwargs.get("parallel_tool_calls", False)) and fmt.parallel
-            tools_json = json.dumps([s.as_dict() for s in specs])
-
-            def forced(only: str | None = None) -> _Call:
-                prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
-                return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
-
-            if choice == "required":
-                return forced()
-            if choice in names:
-                return forced(choice)
-            if choice == "auto":
-                return _Call(agent, msgs, sampling, "auto", "", names, forced=forced, fmt=fmt)
-            # "none": tools stay described (same prompt prefix, same kept KV) but are not called
-        if response_format is not None and not (tools and choice != "none"):
-            schema = _response_schema(response_format)
-            msgs = with_system_block(msgs, json_prompt(schema))
-            prefix, g = _json_grammar(None if schema is None else json.dumps(schema))
-            return _Call(agent, msgs, {**sampling, "grammar": g}, "json", prefix)
-        return _Call(agent, msgs, sampling)
+        return plan_call(agent, msgs, sampling, self.get_pool().tool_format, kwargs)
 
     def _message_fields(self, call: _Call, reply: _Reply, results: list[PoolResult]) -> dict[str, Any]:
         first, last = results[0], results[-1]

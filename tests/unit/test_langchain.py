@@ -40,7 +40,8 @@ from agentmem_langchain import AgentMemLLM, ChatAgentMem, close_shared_pools, sh
 from agentmem.tools import integer_range, schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
 from agentmem_langchain._messages import to_pool_messages  # noqa: E402
 from agentmem_langchain._tools import normalize_tool_choice, parse_tool_calls  # noqa: E402
-from agentmem_langchain.chat_models import _Call, _Holder, _read  # noqa: E402
+from agentmem_langchain._plan import _Call  # noqa: E402
+from agentmem_langchain._reply import _Holder, _read  # noqa: E402
 
 # n_threads=1: the tiny model decodes in microseconds; more threads only add
 # synchronisation cost on a busy 2-core machine.
