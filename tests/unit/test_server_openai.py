@@ -258,3 +258,17 @@ def test_native_tool_call_on_qwen_template_carries_its_kv_to_the_next_request(qw
     cached = r2.usage.prompt_tokens_details.cached_tokens
     first = r.usage.prompt_tokens + r.usage.completion_tokens
     assert cached >= first - 3, (cached, r.usage, r.model_extra["agentmem"])
+
+
+def test_native_named_tool_call_streams_as_tool_call_chunks(qwen_client: Any) -> None:
+    stream = qwen_client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "Weather?"}], user="native-stream", tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=64, stream=True,
+    )
+    chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments)["city"] in ("Paris", "Rome")
+    assert not "".join(d.content or "" for d in deltas)  # the <tool_call> text is never shown
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
