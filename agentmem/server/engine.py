@@ -78,7 +78,14 @@ class Outcome:
                             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
                             "total_s": round(sum(r.timings.total_s for r in self.results), 6)},
                 "retried_forced": self.retried,
-                "rewritten_tokens": 0 if self.rewrite is None else self.rewrite.usage.prompt_tokens - self.rewrite.usage.cached_tokens}
+                "rewritten_tokens": self.rewritten_tokens}
+
+    @property
+    def rewritten_tokens(self) -> int:
+        """Tokens prefilled to put a native call into the KV as the template writes it back (0: none)."""
+        if self.rewrite is None:
+            return 0
+        return self.rewrite.usage.prompt_tokens - self.rewrite.usage.cached_tokens
 
 
 Event = tuple[Literal["text"], str] | tuple[Literal["done"], Outcome]

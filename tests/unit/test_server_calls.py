@@ -44,7 +44,8 @@ def test_auto_native_call_in_another_shape_is_found_and_written_back_as_the_temp
     call = chat_call("a", request(), ServerSettings(), HERMES)
     reply = read_reply(call, 'Sure.\n{"name": "get_weather", "arguments": {"city": "Rome"}}')
     assert reply.content == "Sure." and reply.tool_calls[0]["function"]["name"] == "get_weather"
-    assert reply.written_back == 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    want = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    assert reply.written_back == want
     holder = StreamHolder(call)
     assert holder.push("<tool") == "" and holder.push("_call>") == ""  # held: a hermes call is opening
     assert read_reply(call, "Just text.").content == "Just text."
