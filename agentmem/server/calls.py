@@ -1,15 +1,23 @@
 """OpenAI request bodies → prepared pool calls, and generated text → OpenAI replies.
 
-Tools and structured output speak agentmem's one tool-call protocol (`agentmem.tools`),
-the same prompt block, grammars and parsing the LangChain and AutoGen integrations use:
+Tools speak the model's own tool-call syntax, `MemoryPool.tool_format`
+(`agentmem.tools.formats`), the way the LangChain and AutoGen integrations do:
 
-* `tools` are described at the end of the system message (`tools_prompt`,
-  `with_system_block`) whatever `tool_choice` is, so the agent's prompt prefix, and the
-  KV kept for it, does not change between forced and free calls;
-* `tool_choice="required"` or a named function decodes under `tool_call_grammar`, its
-  forced opening moved into the prompt (`split_forced_prefix`), so the call always parses;
+* `tools` are shown whatever `tool_choice` is, so the agent's prompt prefix, and the KV
+  kept for it, does not change between forced and free calls: through the chat template
+  (its `tools` variable) for a native format such as Qwen2.5's `hermes`, else as
+  agentmem's tools block at the end of the system message (`tools_prompt`,
+  `with_system_block`) for the `envelope` format (Gemma 3, the built-in formats);
+* `tool_choice="required"` or a named function decodes under the format's grammar
+  (`ToolFormat.forced`), its forced opening moved into the prompt, so the call always
+  parses and is written exactly as the template writes it back;
 * `tool_choice="auto"` (the default) generates freely; a reply that opens like a call
-  (`opens_tool_call`) but does not parse as calls of known tools is retried once forced;
+  (`ToolFormat.opens_call`) but does not parse as calls of known tools is retried once
+  forced. A native call written in another shape (a bare JSON object, other spacing) is
+  parsed leniently (`ToolFormat.find`);
+* a native call is put into the agent's KV exactly as the template writes it back
+  (`Reply.written_back`) when the KV holds it otherwise, so the next request, which
+  carries the call and its result, reuses the KV of the whole call;
 * `response_format` `json_object` / `json_schema` decodes under `JSON_OBJECT_GRAMMAR` /
   `schema_grammar`, the schema also shown in the prompt (`json_prompt`).
 """
@@ -26,14 +34,14 @@ from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest, Re
 from agentmem.server.settings import ServerSettings
 from agentmem.tools import (
     JSON_OBJECT_GRAMMAR,
+    ParsedCall,
+    ToolFormat,
     clean_schema,
+    get_tool_format,
     json_prompt,
     new_call_id,
-    opens_tool_call,
-    parse_envelope,
     schema_grammar,
     split_forced_prefix,
-    tool_call_grammar,
     tools_prompt,
     with_system_block,
 )
@@ -58,6 +66,7 @@ class PoolCall:
             the start of the assistant turn and prepended to the reply.
         tool_names: the functions the request offers.
         forced: in `auto` mode, builds the same call with a call forced (the retry).
+        fmt: the model's tool-call syntax (`MemoryPool.tool_format`).
     """
 
     agent_id: str
@@ -68,6 +77,19 @@ class PoolCall:
     prefix: str = ""
     tool_names: tuple[str, ...] = ()
     forced: Callable[[], PoolCall] | None = None
+    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template shows (native formats only), as `MemoryPool.chat` takes them."""
+        return self.sampling.get("tools")
+
+    def rewrite_call(self, text: str) -> PoolCall:
+        """A call that prefills `text` as the agent's reply and generates nothing (`Reply.written_back`)."""
+        assert self.messages is not None, "a completion call has no messages"
+        keep = {"tools": self.tools} if self.tools else {}
+        return PoolCall(self.agent_id, [*self.messages, {"role": "assistant", "content": text}], None,
+                        {**keep, "max_tokens": 0}, fmt=self.fmt)
 
     def pool_messages(self) -> list[dict[str, Any]]:
         """The messages to send (the forced prefix as a started assistant turn)."""
@@ -79,19 +101,31 @@ class PoolCall:
 
 @dataclass
 class Reply:
-    """What a reply means: text content and/or tool calls (OpenAI shape), or a retry."""
+    """What a reply means: text content and/or tool calls (OpenAI shape), or a retry.
+
+    Attributes:
+        content: the text (`None` for a call without text).
+        tool_calls: `{"id", "type": "function", "function": {"name", "arguments"}}` each.
+        retry: an `auto` reply that looked like a call but did not parse; redo it forced.
+        written_back: for calls in a native format, the reply as the template writes it
+            back into the next prompt; when the agent's KV holds other tokens (the model
+            wrote the call in another shape, or split it into other tokens) the server
+            prefills this text as the reply (`PoolCall.rewrite_call`), so the next request
+            reuses the KV of the whole call.
+    """
 
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     retry: bool = False
+    written_back: str | None = None
 
 
 @functools.lru_cache(maxsize=256)
-def _tool_grammar(tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
+def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
     tools = json.loads(tools_json)
     if only is not None:
         tools = [t for t in tools if t["name"] == only]
-    return split_forced_prefix(tool_call_grammar(tools, parallel=parallel))
+    return fmt.forced(tools, parallel=parallel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -157,17 +191,26 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, settings: ServerSe
     return out
 
 
-def chat_call(agent_id: str, req: ChatCompletionRequest, settings: ServerSettings) -> PoolCall:
+def chat_call(
+    agent_id: str, req: ChatCompletionRequest, settings: ServerSettings, fmt: ToolFormat | None = None
+) -> PoolCall:
     """The pool call of a chat request (tools, `tool_choice`, `response_format` applied).
+
+    Args:
+        agent_id: the agent.
+        req: the request body.
+        settings: the server settings (token limits).
+        fmt: the model's tool-call syntax (`MemoryPool.tool_format`; default: the envelope).
 
     Raises:
         ConfigError: an unsupported combination or value (names the field).
     """
+    fmt = fmt if fmt is not None else get_tool_format("envelope")
     sampling = _sampling(req, settings)
     msgs = [m.to_pool() for m in req.messages]
     tools = req.tools or []
     choice = req.tool_choice
-    fmt = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
+    rf = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
     if tools:
         specs = [
             {"name": t.function.name, "description": t.function.description or "",
@@ -178,27 +221,30 @@ def chat_call(agent_id: str, req: ChatCompletionRequest, settings: ServerSetting
         if len(set(names)) != len(names):
             raise ConfigError(f"tools: function names must be unique, got {list(names)}")
         picked = normalize_tool_choice(choice, names)
-        if fmt is not None and picked != "none":
+        if rf is not None and picked != "none":
             raise ConfigError("tools and response_format cannot be used together (unless tool_choice is 'none')")
-        msgs = with_system_block(msgs, tools_prompt(specs))
-        parallel = bool(req.parallel_tool_calls)
+        if fmt.native:  # the model's own template shows the tools
+            sampling = {**sampling, "tools": specs}
+        else:
+            msgs = with_system_block(msgs, tools_prompt(specs))
+        parallel = bool(req.parallel_tool_calls) and fmt.parallel
         tools_json = json.dumps(specs)
 
         def forced(only: str | None = None) -> PoolCall:
-            prefix, g = _tool_grammar(tools_json, only, parallel)
-            return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "tools", prefix, names)
+            prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
+            return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
         if picked == "required":
             return forced()
         if picked in names:
             return forced(picked)
         if picked == "auto":
-            return PoolCall(agent_id, msgs, None, sampling, "auto", "", names, forced=forced)
-        return PoolCall(agent_id, msgs, None, sampling)  # "none": described, not called
+            return PoolCall(agent_id, msgs, None, sampling, "auto", "", names, forced=forced, fmt=fmt)
+        return PoolCall(agent_id, msgs, None, sampling, fmt=fmt)  # "none": shown, not called
     if choice not in (None, "auto", "none"):
         raise ConfigError(f"tool_choice {choice!r} needs tools")
-    if fmt is not None:
-        schema = _response_schema(fmt)
+    if rf is not None:
+        schema = _response_schema(rf)
         msgs = with_system_block(msgs, json_prompt(schema))
         prefix, g = _json_grammar(None if schema is None else json.dumps(schema, sort_keys=True))
         return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "json", prefix)
@@ -231,8 +277,16 @@ def _openai_calls(calls: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _calls_reply(call: PoolCall, calls: Sequence[ParsedCall], content: str | None = None) -> Reply:
+    """A reply of `calls`; for a native format with the text the template writes back for them."""
+    reply = Reply(content=content, tool_calls=_openai_calls(calls))
+    if call.fmt.native:
+        reply.written_back = call.fmt.written_back(content or "", [(c.name, c.arguments) for c in calls])
+    return reply
+
+
 def read_reply(call: PoolCall, text: str) -> Reply:
-    """What the generated `text` of `call` means.
+    """What the generated `text` of `call` means (in the call's tool format).
 
     A forced call that does not parse (cut off by `max_tokens` or a stop string) comes
     back as its raw text in `content`, with no tool calls.
@@ -240,8 +294,12 @@ def read_reply(call: PoolCall, text: str) -> Reply:
     full = call.prefix + text
     if call.mode in ("text", "json"):
         return Reply(content=full)
-    parsed = parse_envelope(full)
+    parsed = call.fmt.parse(full)
     if call.mode == "auto":
+        if parsed is None and call.fmt.native:  # a call after some text, or in another shape
+            found = call.fmt.find(full, call.tool_names)
+            if found is not None:
+                return _calls_reply(call, found[0], found[1] or None)
         if parsed is None:
             return Reply(content=full)
         bad = not parsed or any(not c.ok or c.name not in call.tool_names for c in parsed)
@@ -249,7 +307,7 @@ def read_reply(call: PoolCall, text: str) -> Reply:
             return Reply(retry=True)
     if parsed is None or not parsed or any(not c.ok for c in parsed):
         return Reply(content=full)
-    return Reply(tool_calls=_openai_calls(parsed))
+    return _calls_reply(call, parsed)
 
 
 class StreamHolder:
@@ -257,10 +315,12 @@ class StreamHolder:
 
     Text replies stream as they come (a JSON reply starts with its forced prefix). A
     forced call is held to the end, where it goes out as `tool_calls`. In `auto` mode the
-    start of a reply is held while it could still be a call (`opens_tool_call`).
+    start of a reply is held while it could still be a call (`ToolFormat.opens_call` of
+    the call's format).
     """
 
     def __init__(self, call: PoolCall) -> None:
+        self.fmt = call.fmt
         self.held = ""
         self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(call.mode)
         self.opening = call.prefix if call.mode == "json" else ""
@@ -273,7 +333,7 @@ class StreamHolder:
             return piece
         self.held += piece
         if self.decided is None:
-            opens = opens_tool_call(self.held)
+            opens = self.fmt.opens_call(self.held)
             if opens:
                 self.decided = "tool"
             elif opens is False:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal
 
+from agentmem import validation as check
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, UnknownAgentError
 from agentmem.pool import ChatResult, MemoryPool
@@ -38,11 +40,19 @@ _INFO_FIELDS = ("tier", "tokens", "live_tokens", "bytes", "codec", "priority", "
 
 @dataclass
 class Outcome:
-    """A finished call: the pool results (two when an `auto` tool call was retried forced) and the reply."""
+    """A finished call: the pool results (two when an `auto` tool call was retried forced) and the reply.
+
+    `rewrite` is the prefill that put a native tool call into the agent's KV as the
+    template writes it back (`Reply.written_back`): agentmem's own upkeep of the KV,
+    reported in the `agentmem` extension, not in `usage` (which counts what the request
+    asked for, so the next request's `cached_tokens` compares with it).
+    """
 
     call: PoolCall
     results: list[ChatResult]
     reply: Reply
+    retried: bool = False
+    rewrite: ChatResult | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -67,7 +77,15 @@ class Outcome:
                 "timings": {"ttft_s": round(t.ttft_s, 6), "restore_s": round(t.restore_s, 6),
                             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
                             "total_s": round(sum(r.timings.total_s for r in self.results), 6)},
-                "retried_forced": len(self.results) > 1}
+                "retried_forced": self.retried,
+                "rewritten_tokens": self.rewritten_tokens}
+
+    @property
+    def rewritten_tokens(self) -> int:
+        """Tokens prefilled to put a native call into the KV as the template writes it back (0: none)."""
+        if self.rewrite is None:
+            return 0
+        return self.rewrite.usage.prompt_tokens - self.rewrite.usage.cached_tokens
 
 
 Event = tuple[Literal["text"], str] | tuple[Literal["done"], Outcome]
@@ -135,7 +153,7 @@ class Engine:
     # ------------------------------------------------------------------ calls
     async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest) -> PoolCall:
         """Validate a chat request and apply the tools/JSON protocol; 413 over the prompt limit."""
-        call = chat_call(agent_id, req, self.settings)
+        call = chat_call(agent_id, req, self.settings, self._pool().tool_format)
         await self._check_prompt(call)
         return call
 
@@ -151,7 +169,7 @@ class Engine:
             return
         pool = self._pool()
         if call.messages is not None:
-            n = await asyncio.to_thread(pool.count_tokens, call.pool_messages())
+            n = await asyncio.to_thread(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
         else:
             n = len((await asyncio.to_thread(pool.renderer.render_text, call.prompt or "")).tokens)
         if n > limit:
@@ -177,8 +195,9 @@ class Engine:
     async def run(self, call: PoolCall) -> AsyncIterator[Event]:
         """Run `call`: text events as they may be shown, then `("done", Outcome)`.
 
-        The agent is held for the whole call (an `auto` retry included); closing the
-        iterator early stops generation at the next token and frees the agent.
+        The agent is held for the whole call (an `auto` retry and a call's rewrite
+        included); closing the iterator early stops generation at the next token and
+        frees the agent.
         """
         holder = StreamHolder(call)
         self.processing += 1
@@ -197,17 +216,31 @@ class Engine:
                 self.metrics.observe_call(result)
                 results = [result]
                 reply = read_reply(call, result.text)
+                retried = reply.retry
                 if reply.retry:
                     assert call.forced is not None
                     call = call.forced()
                     results.append(await self._once(call))
                     reply = read_reply(call, results[-1].text)
+                rewrite = None
+                if reply.written_back is not None and not await asyncio.to_thread(self._kv_holds, call, reply):
+                    rewrite = await self._once(call.rewrite_call(reply.written_back))
                 rest = holder.rest(reply)
                 if rest:
                     yield ("text", rest)
-                yield ("done", Outcome(call, results, reply))
+                yield ("done", Outcome(call, results, reply, retried, rewrite))
         finally:
             self.processing -= 1
+
+    def _kv_holds(self, call: PoolCall, reply: Reply) -> bool:
+        """Whether the agent's KV holds the reply's calls token for token as the next prompt renders them."""
+        assert reply.written_back is not None and call.messages is not None
+        pool = self._pool()
+        want = pool.renderer.render(
+            check.message_list([*call.messages, {"role": "assistant", "content": reply.written_back}]), tools=call.tools
+        ).tokens
+        held = pool.history_tokens(call.agent_id)
+        return len(held) >= len(want) and list(held[: len(want)]) == list(want)
 
     async def collect(self, call: PoolCall) -> Outcome:
         """Run `call` to its end (a non-streaming request)."""

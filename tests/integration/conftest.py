@@ -10,6 +10,8 @@ Tests that only make sense on one model say so:
 
 * `gemma_model_path`: Gemma only (its turn markup, its sliding window, base-model
   behaviour), with a comment at the test saying why.
+* `instruct_model_path`: the instruct model only (what needs an instruct model: its
+  native tool calls), skipped with a reason when its extra is absent.
 * `@pytest.mark.xfail(reason=..., strict=False)` with `@pytest.mark.xfail_only_on(name, ...)`:
   a known limit of those models; the xfail holds on their runs only and is dropped on the
   others'. (A real `xfail` mark, not a custom one: LangChain's standard suite accepts an
@@ -66,3 +68,9 @@ def default_model_path(real_model_name: str) -> Path:
 def gemma_model_path() -> Path:
     """Gemma 3 270M only, for tests about its own markup, window or base-model behaviour."""
     return _bundled(GEMMA)
+
+
+@pytest.fixture(scope="session")
+def instruct_model_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct only, for tests of what needs an instruct model (native tool calls)."""
+    return _bundled(INSTRUCT)

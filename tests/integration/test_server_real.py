@@ -1,4 +1,4 @@
-"""`agentmem serve` on the real default model, driven by the official `openai` client."""
+"""`agentmem serve` on the real bundled models, driven by the official `openai` client."""
 
 from __future__ import annotations
 
@@ -57,5 +57,46 @@ def test_agents_switch_by_restore_over_http(default_model_path: Path) -> None:
             r = client.chat.completions.parse(model="gemma", user="judge", response_format=Verdict, max_tokens=48,
                                               messages=[{"role": "user", "content": "Is the sky blue? Reply in JSON."}])
             assert isinstance(r.choices[0].message.parsed, Verdict)
+    finally:
+        pool.close()
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_native_tool_loop_reuses_the_calls_kv(instruct_model_path: Path) -> None:
+    """Qwen2.5 sees its own tool prompt, calls in `<tool_call>` JSON, and the call's KV carries to the next request."""
+    pool = MemoryPool(str(instruct_model_path), n_ctx=4096, resident_agents=1, n_threads=2)
+    try:
+        assert pool.tool_format.name == "hermes"
+        with ServerThread(create_app(pool, settings=ServerSettings(model_name="qwen"))) as srv, \
+                openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0) as client:
+            msgs: list[Any] = [{"role": "system", "content": "You are a helpful assistant. Once a tool has "
+                                "answered, reply to the user in one plain sentence."},
+                               {"role": "user", "content": "What is the weather in Paris?"}]
+            r = client.chat.completions.create(model="qwen", messages=msgs, user="tools", tools=[WEATHER],
+                                               tool_choice="required", max_tokens=48)
+            choice = r.choices[0]
+            assert choice.finish_reason == "tool_calls", choice
+            call = choice.message.tool_calls[0]
+            assert call.function.name == "get_weather" and "paris" in call.function.arguments.lower(), call
+            msgs += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+            # "none": the 0.5B model, left to choose, calls the tool again rather than answer
+            r2 = client.chat.completions.create(model="qwen", messages=msgs, user="tools", tools=[WEATHER],
+                                                tool_choice="none", max_tokens=48)
+            answer = r2.choices[0].message
+            cached = r2.usage.prompt_tokens_details.cached_tokens
+            first = r.usage.prompt_tokens + r.usage.completion_tokens
+            assert cached >= first - 3, (cached, r.usage, r.model_extra["agentmem"])
+            assert r2.model_extra["agentmem"]["kv"] == "reused"
+            assert not answer.tool_calls and answer.content, answer
     finally:
         pool.close()

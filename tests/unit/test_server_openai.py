@@ -223,3 +223,52 @@ def test_context_overflow_is_400_context_length_exceeded(client: Any) -> None:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}], user="overflow",
                                        stream=True)
     assert info.value.code == "context_length_exceeded"
+
+
+@pytest.fixture(scope="module")
+def qwen_client(tiny_qwen2_path: Any) -> Any:
+    pool = MemoryPool(str(tiny_qwen2_path), n_ctx=2048, resident_agents=1, n_threads=1)
+    app = create_app(pool, settings=ServerSettings(model_name="tiny-qwen2", default_max_tokens=16))
+    with ServerThread(app) as srv, openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0) as c:
+        c.pool = pool
+        yield c
+    pool.close()
+
+
+def test_native_tool_call_on_qwen_template_carries_its_kv_to_the_next_request(qwen_client: Any) -> None:
+    """Qwen2.5's template shows the tools itself and the call is `<tool_call>` JSON, re-rendered as generated."""
+    pool = qwen_client.pool
+    assert pool.tool_format.name == "hermes"
+    msgs: list[Any] = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Weather in Paris?"}]
+    r = qwen_client.chat.completions.create(model="tiny-qwen2", messages=msgs, user="native", tools=[WEATHER],
+                                            tool_choice="required", max_tokens=64)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    kept = pool.model.detokenize(pool.tokens("native"))
+    assert "<tools>" in kept and '{"tool_calls"' not in kept, kept  # the template's own tool prompt
+    assert "<tool_call>\n{" in kept, kept
+    msgs += [choice.message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    r2 = qwen_client.chat.completions.create(model="tiny-qwen2", messages=msgs, user="native", tools=[WEATHER],
+                                             tool_choice="none", max_tokens=4)
+    assert not r2.choices[0].message.tool_calls
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    first = r.usage.prompt_tokens + r.usage.completion_tokens
+    assert cached >= first - 3, (cached, r.usage, r.model_extra["agentmem"])
+
+
+def test_native_named_tool_call_streams_as_tool_call_chunks(qwen_client: Any) -> None:
+    stream = qwen_client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "Weather?"}], user="native-stream", tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=64, stream=True,
+    )
+    chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments)["city"] in ("Paris", "Rome")
+    assert not "".join(d.content or "" for d in deltas)  # the <tool_call> text is never shown
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
