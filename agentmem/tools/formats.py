@@ -288,8 +288,10 @@ class _JSONCallFormat(ToolFormat):
         return _format({"root": root, "call": call, **rules})
 
     def _bodies(self, s: str) -> list[str] | None:
-        """The JSON texts of the calls in `s` (which opens with `opener`)."""
-        raise NotImplementedError
+        """The JSON texts of the calls in `s` (which opens with `opener`): by default one, all
+        that follows the opener; formats with per-call markup split it their way."""
+        body = s[len(self.opener) :].strip()
+        return [body] if body else None
 
     def parse(self, text: str) -> list[ParsedCall] | None:
         s = text.strip()
