@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 from fastapi import APIRouter, Depends, Request
@@ -101,24 +101,32 @@ def _agent(eng: Engine, who: Principal, request: Request, user: str | None, agen
                             anonymous=eng.settings.anonymous)
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
-                           eng: Engine = Depends(engine)) -> Any:
-    """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
-    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+async def _respond(
+    eng: Engine, who: Principal, prepare: Callable[[], Awaitable[Any]], stream: bool, *,
+    reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
+) -> Any:
+    """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end."""
     lease = eng.admit(who)
-    ids = R.Ids("chatcmpl", eng.model_name)
     streaming = False
     try:
-        call = await eng.prepare_chat(agent_id, req)
-        if not req.stream:
-            return JSONResponse(R.chat_completion(ids, await eng.collect(call)))
+        call = await prepare()
+        if not stream:
+            return JSONResponse(reply(await eng.collect(call)))
         events = eng.run(call)
         first = await _start(events)
         streaming = True  # the stream releases the lease
     finally:
         if not streaming:
             lease.release()
+    return SSEResponse(_sse(eng, first, events, lease, head, render))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
+                           eng: Engine = Depends(engine)) -> Any:
+    """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
+    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+    ids = R.Ids("chatcmpl", eng.model_name)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def render(event: Event) -> list[bytes]:
@@ -128,8 +136,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         assert isinstance(value, Outcome)
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
-    head = [R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))]
-    return SSEResponse(_sse(eng, first, events, lease, head, render))
+    return await _respond(
+        eng, who, lambda: eng.prepare_chat(agent_id, req), bool(req.stream), reply=lambda out: R.chat_completion(ids, out),
+        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
+    )
 
 
 @router.post("/v1/completions")
@@ -137,19 +147,7 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
                       eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
     agent_id = _agent(eng, who, request, req.user, req.agent_id)
-    lease = eng.admit(who)
     ids = R.Ids("cmpl", eng.model_name)
-    streaming = False
-    try:
-        call = await eng.prepare_completion(agent_id, req)
-        if not req.stream:
-            return JSONResponse(R.completion(ids, await eng.collect(call)))
-        events = eng.run(call)
-        first = await _start(events)
-        streaming = True  # the stream releases the lease
-    finally:
-        if not streaming:
-            lease.release()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def render(event: Event) -> list[bytes]:
@@ -162,7 +160,10 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
             out.append(R.sse({**ids.head("text_completion"), "choices": [], "usage": value.usage()}))
         return out
 
-    return SSEResponse(_sse(eng, first, events, lease, [], render))
+    return await _respond(
+        eng, who, lambda: eng.prepare_completion(agent_id, req), bool(req.stream), reply=lambda out: R.completion(ids, out),
+        render=render, head=[],
+    )
 
 
 @router.get("/v1/models")
