@@ -22,7 +22,6 @@ import argparse
 import collections
 import json
 import logging
-import os
 import sys
 import tempfile
 import threading
