@@ -83,7 +83,9 @@ def find_or_build(binary: str | None, sdist: str | None, jobs: int) -> Path:
     say(f"building llama-server in {tree}/build (CPU, {jobs} jobs)")
     subprocess.run(["cmake", "-B", "build", *CMAKE_FLAGS], cwd=tree, check=True)
     subprocess.run(["cmake", "--build", "build", "--target", "llama-server", f"-j{jobs}"], cwd=tree, check=True)
-    shutil.copy2(tree / "build" / "bin" / "llama-server", target)
+    for f in (tree / "build" / "bin").iterdir():  # the binary (and its libraries, were the build shared)
+        if f.is_file():
+            shutil.copy2(f, CACHE / f.name)
     return target
 
 
@@ -119,6 +121,8 @@ def llama_server(args: argparse.Namespace, binary: Path, tmp: Path, tag: str, *,
     cmd = [str(binary), "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
            "-tb", str(args.threads), "-c", str(n_ctx), "-np", "2", "-kvu", "--cache-ram", str(cache_ram_mib),
            "--no-webui", "--metrics"]
+    # a shared-library build finds its libraries next to it (they are copied there)
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(binary.parent), os.environ.get("LD_LIBRARY_PATH")]))
     return Server("llama-server", cmd, port, tmp / f"llama-server-{tag}.log", agent_header=False,
                   extra_body={"cache_prompt": True})
 
