@@ -52,7 +52,7 @@ def server_cmd(args: argparse.Namespace, model: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "agentmem.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--model", model, "--archive", str(args.archive), "--resident", str(args.resident),
            "--n-ctx", str(args.n_ctx), "--threads", str(args.threads), "--max-concurrent", str(4 * args.clients),
-           "--log-level", "warning"]
+           "--log-level", "warning", "--durability", args.durability]
     for opt in args.pool_option:
         cmd += ["--pool-option", opt]
     return cmd
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--archive", type=Path, default=None, help="SQLite archive (default: a temporary file)")
     ap.add_argument("--pool-option", action="append", default=[])
     ap.add_argument("--checkpoint-before-kill", action="store_true", help="POST /agents?action=checkpoint before the SIGKILL")
+    ap.add_argument("--durability", choices=("exit", "call"), default="call",
+                    help="the server's --durability (call: every answered agent is in the archive)")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds the load run may take (then it stops)")
     ap.add_argument("--skip-fault", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -482,6 +482,29 @@ class MemoryPool:
             raise ArchiveError(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
 
     # ------------------------------------------------------------------ validation
+    def commit(self, agent_id: str) -> bool:
+        """Write `agent_id`'s ledger and state to the archive now; it stays where it is.
+
+        For durability per call (a server's `--durability call`): after a SIGKILL the
+        agent resumes from this state. Returns False, writing nothing, while the agent
+        is generating (its next call commits it).
+
+        Raises:
+            ConfigError: the pool has no archive.
+            UnknownAgentError: no such agent.
+            ArchiveError: the write failed (what was stored before is kept).
+        """
+        self._check_open()
+        core = self._core
+        if core.archive is None:
+            raise ConfigError("commit() needs archive_path")
+        with core.lock:
+            a = core.agent(agent_id)
+            if a.busy:
+                return False
+            self._mover.save(a)
+            return True
+
     def _params(self, max_tokens: int, temperature: float, stop: Any, extra: Mapping[str, Any]) -> SamplingParams:
         unknown = set(extra) - _SAMPLING_OPTIONS
         if unknown:

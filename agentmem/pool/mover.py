@@ -291,13 +291,14 @@ class Mover:
                 if a.busy:
                     continue
                 try:
-                    self._save_one(a, final=final)
+                    self.save(a, final=final)
                 except AgentMemError as exc:
                     logger.error("could not store agent %r in the archive: %s", a.id, exc)
                     failed[a.id] = str(exc)
         return failed
 
-    def _save_one(self, a: AgentState, *, final: bool) -> None:
+    def save(self, a: AgentState, *, final: bool = False) -> None:
+        """One agent's ledger and state to the archive (with `final`, a resident agent is parked there)."""
         core = self.core
         if final and a.seq is not None and a.ledger.n_live:
             try:

@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--anonymous", choices=("reject", "per-key"), default="reject",
                      help="a request naming no agent: 400 (reject) or the key's anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
+    model.add_argument("--durability", choices=("exit", "call"), default="exit",
+                       help="exit: archive on demotion/checkpoint/shutdown; call: commit each call's agent (needs --archive)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; more is a 413 (4 MiB)")
     lim.add_argument("--max-prompt-tokens", type=int, default=0, help="largest prompt; more is a 413 (0 = agent capacity)")
@@ -88,8 +90,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
         max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
-        metrics_public=args.metrics_public,
+        metrics_public=args.metrics_public, durability=args.durability,
     )
+    if settings.durability == "call" and not config.archive_path:
+        raise ConfigError("--durability call needs --archive")
     keys = KeyRing.build(api_keys=args.api_key, keys_file=args.keys_file)
     return config, settings, keys
 

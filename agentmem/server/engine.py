@@ -228,6 +228,9 @@ class Engine:
                 rest = holder.rest(reply)
                 if rest:
                     yield ("text", rest)
+                if self.settings.durability == "call":
+                    # still holding the agent: the state written is the one this call left
+                    await asyncio.to_thread(self._pool().commit, call.agent_id)
                 yield ("done", Outcome(call, results, reply, retried, rewrite))
         finally:
             self.processing -= 1

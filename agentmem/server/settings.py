@@ -24,6 +24,10 @@ ANONYMOUS_POLICIES = ("reject", "per-key")
 anonymous agent per API key, or one for the whole server without keys)."""
 
 
+#: When agents are written to the archive (see `ServerSettings.durability`).
+DURABILITY = ("exit", "call")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """How the HTTP server behaves. Every field is keyword-only and JSON-friendly.
@@ -45,6 +49,10 @@ class ServerSettings:
             they are cancelled; then the pool closes (and checkpoints to its archive).
         metrics_public: serve `/metrics` to any key (default: admin keys only when keys
             are configured; without keys `/metrics` is always open).
+        durability: `exit` (default): agents reach the archive when demoted, on
+            `checkpoint` and at shutdown; a SIGKILL loses what changed since. `call`:
+            every call's agent (ledger and KV state) is committed to the archive before
+            its response ends, so a SIGKILL loses nothing that was answered.
     """
 
     host: str = "127.0.0.1"
@@ -58,6 +66,7 @@ class ServerSettings:
     max_concurrent_per_key: int = 8
     shutdown_grace_s: float = 10.0
     metrics_public: bool = False
+    durability: str = "exit"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -76,6 +85,8 @@ class ServerSettings:
             raise ConfigError(
                 f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens_limit ({self.max_tokens_limit})"
             )
+        if self.durability not in DURABILITY:
+            raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, got {self.durability!r}")
         if not isinstance(self.shutdown_grace_s, (int, float)) or self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be a number >= 0, got {self.shutdown_grace_s!r}")
 

@@ -159,3 +159,45 @@ def test_without_the_server_extra_the_cli_works_and_serve_names_the_install_comm
     assert "IMPORT: agentmem serve needs FastAPI" in out.stdout and "pip install 'agentmem[server]'" in out.stdout
     assert "STATUS: 2" in out.stdout
     assert "pip install 'agentmem[server]'" in out.stderr
+
+
+def test_durability_call_survives_a_sigkill(tiny_model_path: Path, tmp_path: Path) -> None:
+    """Regression (issue #15 fault run): after a server SIGKILL every agent not yet checkpointed was lost;
+    with `--durability call` each answered call's agent is in the archive and resumes with its KV."""
+    archive = tmp_path / "agents.db"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(tiny_model_path, archive, port, "--durability", "call")
+    histories: dict[str, list[dict[str, Any]]] = {}
+    try:
+        wait_healthy(base, proc=proc)
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client:
+            for name in ("planner", "coder", "critic"):  # 3 agents on 2 sequences: one is parked in RAM only
+                msgs = [{"role": "system", "content": f"You are the {name}."}, {"role": "user", "content": "Go."}]
+                r = client.chat.completions.create(model="tiny", messages=msgs, user=name, max_tokens=6)
+                histories[name] = [*msgs, {"role": "assistant", "content": r.choices[0].message.content},
+                                   {"role": "user", "content": "Next."}]
+        before = {a["id"]: a["tokens"] for a in httpx.get(f"{base}/agents").json()["data"]}
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    proc = start(tiny_model_path, archive, port)
+    try:
+        wait_healthy(base, proc=proc)
+        agents = {a["id"]: a["tokens"] for a in httpx.get(f"{base}/agents").json()["data"]}
+        assert agents == before  # none lost, none shortened
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client:
+            for name, msgs in histories.items():
+                r = client.chat.completions.create(model="tiny", messages=msgs, user=name, max_tokens=2)
+                assert r.usage.prompt_tokens_details.cached_tokens > 0, (name, r.usage)
+    finally:
+        code, log = stop(proc)
+    assert code in CLEAN and "Traceback" not in log, log
+
+
+def test_durability_call_needs_an_archive() -> None:
+    args = build_parser().parse_args(["serve", "--durability", "call"])
+    with pytest.raises(ConfigError, match="--archive"):
+        build(args)
