@@ -146,6 +146,7 @@ class Decoder:
                 self._run_batch([st])
             else:
                 self._pending.append(st)
+                core.cond.notify_all()  # a leader waiting for this step re-counts now, not at its timeout
                 while st.result is None and st.error is None:
                     if self._leader:
                         core.cond.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -101,3 +102,19 @@ async def test_batched_decoding_groups_agents(tiny_model_path):
         assert t["max_batch"] >= 2 and t["batched_tokens"] > t["batched_steps"]
         for r in res:
             assert p.tokens(r.agent_id)[: len(p.renderer.render(msgs[r.agent_id]).tokens)] == p.renderer.render(msgs[r.agent_id]).tokens
+
+
+async def test_a_batch_leader_is_woken_when_the_last_agent_joins(tiny_model_path):
+    """Regression: an agent joining the decode batch never woke the waiting leader, so every
+    step of concurrent agents waited the whole `batch_wait_s` (4 agents x 12 tokens took 24 s
+    at `batch_wait_s=2`; the default 2 ms was lost on every step)."""
+    with MemoryPool(tiny_model_path, n_ctx=2048, resident_agents=5, n_batch=64, prefetch=False, n_threads=1) as p:
+        p.batch_wait_s = 2.0
+        msgs = {f"a{i}": [{"role": "user", "content": f"story number {i}"}] for i in range(4)}
+        for a, m in msgs.items():
+            p.chat(a, m, max_tokens=1)
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(p.achat(a, m, max_tokens=12) for a, m in msgs.items()))
+        took = time.perf_counter() - t0
+    assert all(len(r.tokens) == 12 for r in res), [len(r.tokens) for r in res]
+    assert took < 8.0, f"{took=:.1f}s: the leader waited out batch_wait_s on most steps"
