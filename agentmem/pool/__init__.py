@@ -1,7 +1,7 @@
 """The pool: many agents on one llama.cpp context, and the collaborators that run one call.
 
 * `facade` — `MemoryPool`: the public API, validation, wiring, close and checkpoints.
-* `opening` — building what a pool shares (model, context, renderer, archive, tiers) as a `PoolCore`.
+* `opening` — building what a pool shares (model, context, renderer, archive, tiers) as a `PoolCore`, and wiring the collaborators.
 * `turn` — one call as named phases: admit → place → reconcile → share → prefill → generate → finish.
 * `decoder` — chunked prefill, and batched decode steps of concurrent agents.
 * `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.

@@ -26,21 +26,11 @@ from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.policy.placement import priority_weight
-from agentmem.pool.blocks import BlockRefs
-from agentmem.pool.budgets import Budgets
-from agentmem.pool.decoder import Decoder
-from agentmem.pool.mover import Mover
-from agentmem.pool.opening import open_core
-from agentmem.pool.persist import Persister
+from agentmem.pool.opening import open_core, wire
 from agentmem.pool.prefetch import Prefetcher
-from agentmem.pool.residency import Residency
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
-from agentmem.pool.sharing import Sharing
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
-from agentmem.pool.swa import window_rules
-from agentmem.pool.trimming import Trimmer
-from agentmem.pool.turn import TurnRunner
 from agentmem.tools.formats import ToolFormat
 
 __all__ = ["MemoryPool"]
@@ -102,7 +92,9 @@ class MemoryPool:
         archive = core.archive
         for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
             core.codec(spec)
-        self._wire(core)
+        c = wire(core, after_call=lambda agent_id: self._prefetcher.after_call(agent_id))
+        self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
+        self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
         self._closed = False
         if archive is not None:
             with core.lock:
@@ -120,26 +112,6 @@ class MemoryPool:
             "pool ready: %s, n_ctx=%d, resident_agents=%d, park_codec=%s, archive=%s",
             self.model_path.name, self.ctx.n_ctx, cfg.resident_agents, cfg.park_codec, cfg.archive_path,
         )
-
-    def _wire(self, core: PoolCore) -> None:
-        """Build the collaborators of a call; lower ones get callables, not references upward."""
-        swa = window_rules(self.ctx, self.model.n_swa)
-        self._blocks = BlockRefs(core)
-        self._persist = Persister(core, self._blocks)
-        self._residency = Residency(core, park=self._park_victim)
-        self._mover = Mover(core, self._residency, self._blocks, self._persist, swa)
-        self._budgets = Budgets(core, self._mover)
-        self._sharing = Sharing(core, self._residency, self._mover, self._blocks, swa)
-        self._decoder = Decoder(core, self._residency, Trimmer(core, self._blocks, self._sharing))
-        self._turns = TurnRunner(
-            core, mover=self._mover, sharing=self._sharing, blocks=self._blocks, decoder=self._decoder, swa=swa,
-            after_call=lambda agent_id: self._prefetcher.after_call(agent_id),
-        )
-
-    def _park_victim(self, victim: AgentState) -> None:
-        """Park an idle resident agent into WARM to free its sequence or cells."""
-        self._mover.park(victim, "warm")
-        self._budgets.rebalance(urgent_only=True)
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -1,10 +1,15 @@
-"""Opening a pool: the model, the context, the chat renderer, the archive and tiers, as a `PoolCore`.
+"""Opening a pool: the model, the context, the chat renderer, the archive and tiers, as a `PoolCore`,
+and the collaborators of a call wired over it.
 
 `open_core` validates the policy names first (before anything heavy is loaded),
 then builds the native handles, and frees what it built when a later step fails.
+`wire` builds the collaborators; a lower one gets a callable, not a reference upward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from agentmem.archive import Archive
 from agentmem.config import PoolConfig
@@ -13,9 +18,19 @@ from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, lla
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
 from agentmem.policy.placement import get_policy
-from agentmem.pool.state import PoolCore
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.budgets import Budgets
+from agentmem.pool.decoder import Decoder
+from agentmem.pool.mover import Mover
+from agentmem.pool.persist import Persister
+from agentmem.pool.residency import Residency
+from agentmem.pool.sharing import Sharing
+from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.swa import window_rules
+from agentmem.pool.trimming import Trimmer
+from agentmem.pool.turn import TurnRunner
 
-__all__ = ["open_core"]
+__all__ = ["Collaborators", "open_core", "wire"]
 
 
 def open_core(cfg: PoolConfig) -> PoolCore:
@@ -81,3 +96,37 @@ def open_core(cfg: PoolConfig) -> PoolCore:
         recall_store=recall_store, placement=placement, fingerprint=fingerprint,
         capacity=min(cfg.agent_capacity or cfg.n_ctx, ctx.n_ctx_seq),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Collaborators:
+    """The objects that run a call, built once per pool by `wire`."""
+
+    blocks: BlockRefs
+    persist: Persister
+    residency: Residency
+    mover: Mover
+    budgets: Budgets
+    sharing: Sharing
+    decoder: Decoder
+    turns: TurnRunner
+
+
+def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
+    """Build the collaborators of a call over `core`; `after_call` runs the housekeeping of a finished call."""
+    swa = window_rules(core.ctx, core.model.n_swa)
+    blocks = BlockRefs(core)
+    persist = Persister(core, blocks)
+
+    def park_victim(victim: AgentState) -> None:
+        # park an idle resident agent into WARM to free its sequence or cells
+        mover.park(victim, "warm")
+        budgets.rebalance(urgent_only=True)
+
+    residency = Residency(core, park=park_victim)
+    mover = Mover(core, residency, blocks, persist, swa)
+    budgets = Budgets(core, mover)
+    sharing = Sharing(core, residency, mover, blocks, swa)
+    decoder = Decoder(core, residency, Trimmer(core, blocks, sharing))
+    turns = TurnRunner(core, mover=mover, sharing=sharing, blocks=blocks, decoder=decoder, swa=swa, after_call=after_call)
+    return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns)
