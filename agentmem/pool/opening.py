@@ -15,6 +15,7 @@ from agentmem.archive import Archive
 from agentmem.config import PoolConfig
 from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
+from agentmem.memory.parking import make_park_codec
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
 from agentmem.policy.placement import get_policy
@@ -49,6 +50,8 @@ def open_core(cfg: PoolConfig) -> PoolCore:
                            **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
     if cfg.agent_budget_tokens:
         PoolCore.eviction_policy(cfg.eviction)
+    for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+        make_park_codec(spec, rotate=cfg.park_rotate)
     model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
     ctx: LlamaContext | None = None
     archive: Archive | None = None
