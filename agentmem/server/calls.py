@@ -24,7 +24,6 @@ Tools speak the model's own tool-call syntax, `MemoryPool.tool_format`
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
@@ -33,18 +32,16 @@ from agentmem.errors import ConfigError
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from agentmem.server.settings import ServerSettings
 from agentmem.tools import (
-    JSON_OBJECT_GRAMMAR,
     ParsedCall,
     ToolFormat,
     clean_schema,
     get_tool_format,
     json_prompt,
     new_call_id,
-    schema_grammar,
-    split_forced_prefix,
     tools_prompt,
     with_system_block,
 )
+from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
 
 __all__ = ["PoolCall", "Reply", "StreamHolder", "chat_call", "completion_call", "normalize_tool_choice", "read_reply"]
 
@@ -118,20 +115,6 @@ class Reply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     retry: bool = False
     written_back: str | None = None
-
-
-@functools.lru_cache(maxsize=256)
-def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
-    tools = json.loads(tools_json)
-    if only is not None:
-        tools = [t for t in tools if t["name"] == only]
-    return fmt.forced(tools, parallel=parallel)
-
-
-@functools.lru_cache(maxsize=256)
-def _json_grammar(schema_json: str | None) -> tuple[str, str]:
-    grammar = JSON_OBJECT_GRAMMAR if schema_json is None else schema_grammar(json.loads(schema_json))
-    return split_forced_prefix(grammar)
 
 
 def normalize_tool_choice(choice: str | Mapping[str, Any] | None, names: Sequence[str]) -> str:
@@ -231,7 +214,7 @@ def chat_call(
         tools_json = json.dumps(specs)
 
         def forced(only: str | None = None) -> PoolCall:
-            prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
+            prefix, g = forced_call_grammar(fmt, tools_json, only, parallel)
             return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
         if picked == "required":
@@ -246,7 +229,7 @@ def chat_call(
     if rf is not None:
         schema = _response_schema(rf)
         msgs = with_system_block(msgs, json_prompt(schema))
-        prefix, g = _json_grammar(None if schema is None else json.dumps(schema, sort_keys=True))
+        prefix, g = forced_json_grammar(None if schema is None else json.dumps(schema, sort_keys=True))
         return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "json", prefix)
     return PoolCall(agent_id, msgs, None, sampling)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -10,15 +9,13 @@ from typing import Any, Callable, Literal
 from langchain_core.utils.function_calling import convert_to_json_schema
 
 from agentmem.tools import (
-    JSON_OBJECT_GRAMMAR,
     ToolFormat,
     get_tool_format,
     json_prompt,
-    schema_grammar,
-    split_forced_prefix,
     tools_prompt,
     with_system_block,
 )
+from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
 
 from ._tools import ToolSpec, normalize_tool_choice
 
@@ -37,20 +34,6 @@ _CALL_KEYS = {
     "parallel_tool_calls",
     "response_format",
 }
-
-
-@functools.lru_cache(maxsize=256)
-def _tool_grammar(fmt: ToolFormat, tools_json: str, only: str | None, parallel: bool) -> tuple[str, str]:
-    tools = json.loads(tools_json)
-    if only is not None:
-        tools = [t for t in tools if t["name"] == only]
-    return fmt.forced(tools, parallel=parallel)
-
-
-@functools.lru_cache(maxsize=256)
-def _json_grammar(schema_json: str | None) -> tuple[str, str]:
-    grammar = JSON_OBJECT_GRAMMAR if schema_json is None else schema_grammar(json.loads(schema_json))
-    return split_forced_prefix(grammar)
 
 
 def _response_schema(response_format: Any) -> dict[str, Any] | None:
@@ -134,7 +117,7 @@ def plan_call(
         tools_json = json.dumps([s.as_dict() for s in specs])
 
         def forced(only: str | None = None) -> _Call:
-            prefix, g = _tool_grammar(fmt, tools_json, only, parallel)
+            prefix, g = forced_call_grammar(fmt, tools_json, only, parallel)
             return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
 
         if choice == "required":
@@ -147,6 +130,6 @@ def plan_call(
     if response_format is not None and not (tools and choice != "none"):
         schema = _response_schema(response_format)
         msgs = with_system_block(msgs, json_prompt(schema))
-        prefix, g = _json_grammar(None if schema is None else json.dumps(schema))
+        prefix, g = forced_json_grammar(None if schema is None else json.dumps(schema))
         return _Call(agent, msgs, {**sampling, "grammar": g}, "json", prefix)
     return _Call(agent, msgs, sampling)
