@@ -16,7 +16,8 @@ opens the database and fills in the few hooks where the dialects differ:
   writer per file serialises everything already);
 * `_now(db)` is the lease clock (Python's on SQLite, the server's on PostgreSQL);
 * `_priority_in` / `_priority_out` map an agent priority (int or name) to the
-  stored column and back;
+  stored column and back; `_span_text_in` adapts evicted text (PostgreSQL's
+  `text` cannot hold NUL);
 * `_search(db, agent_id, terms, k)` runs the full-text search of evicted text.
 
 Fencing: a write given `fence=lease` first locks the agent's lease row (`FOR
@@ -75,6 +76,10 @@ class ArchiveCore:
 
     def _search(self, db: Any, agent_id: str | None, terms: list[str], k: int) -> list[Sequence[Any]]:  # pragma: no cover
         raise NotImplementedError
+
+    def _span_text_in(self, text: str) -> str:
+        """Evicted text as the backend stores it (unchanged unless the backend cannot hold a character)."""
+        return text
 
     def _priority_in(self, priority: int | str | None) -> Any:
         """The stored form of a priority (`None` stays `None`)."""

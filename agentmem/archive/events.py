@@ -124,7 +124,7 @@ class EventsMixin(ArchiveCore):
                 raise TypeError("region and text must be str")
             _check_text("region", region)
             _check_text("text", text)
-            rows.append((start, end, region, text))
+            rows.append((start, end, region, self._span_text_in(text)))
         now = time.time()
         ids: list[int] = []
         with self._writing("add_evicted_spans", fence=fence, agent_id=agent_id) as db:

@@ -252,6 +252,11 @@ class PostgresConnection(ArchiveCore):
         """The lease clock: the database server's, shared by every replica."""
         return float(db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
 
+    def _span_text_in(self, text: str) -> str:
+        """NUL as a space: `text` cannot hold NUL, detokenized model output may contain it, and as a
+        separator (as FTS5 reads it) the words on either side stay searchable."""
+        return text.replace("\x00", " ") if "\x00" in text else text
+
     def _priority_in(self, priority: int | str | None) -> str | None:
         return None if priority is None else json.dumps(priority, ensure_ascii=False)
 

@@ -241,3 +241,12 @@ def test_priorities_keep_their_type(pg: PostgresArchive) -> None:
     pg.put_agent("b", priority="7")  # a name that looks like a number stays a name
     pg.put_agent("c")
     assert [(r.agent_id, r.priority) for r in pg.list_agents()] == [("a", 3), ("b", "7"), ("c", 0)]
+
+
+def test_evicted_text_with_a_nul_is_stored(pg: PostgresArchive) -> None:
+    """Detokenized model output may hold NUL, which PostgreSQL text cannot: eviction must not fail on it."""
+    pg.add_evicted_span("a", 0, 3, "assistant", "zebra\x00crossing")
+    assert [s.text for s in pg.list_evicted("a")] == ["zebra crossing"]
+    assert [s.start for s in pg.search_evicted("a", "crossing")] == [0]
+    pg.put_ledger("a", [1], [], [{"role": "user", "content": "nul\x00inside"}])  # JSON escapes it
+    assert pg.get_ledger("a").messages[0]["content"] == "nul\x00inside"
