@@ -39,6 +39,7 @@ from sqlite_utils import Database
 
 from agentmem.archive import schema
 from agentmem.archive.core import ArchiveCore
+from agentmem.archive.postgres import is_postgres_url, redact_url
 from agentmem.archive.values import SPAN_COLUMNS, checksum
 from agentmem.errors import ArchiveError
 
@@ -89,6 +90,10 @@ class ArchiveConnection(ArchiveCore):
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        if is_postgres_url(path):
+            raise ArchiveError(
+                f"{redact_url(str(path))}: a PostgreSQL URL, not a SQLite file: use open_archive() or PostgresArchive"
+            )
         self.path = os.fspath(path)
         self.readonly = readonly
         self._memory = self.path == ":memory:"

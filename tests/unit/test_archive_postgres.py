@@ -182,6 +182,19 @@ def test_the_password_never_shows() -> None:
     assert "hunter2" not in repr(info.value.__cause__ or "")
 
 
+def test_a_url_is_not_a_sqlite_path_and_meta_needs_a_version(postgres_url: str) -> None:
+    from agentmem.archive import Archive
+
+    with pytest.raises(ArchiveError, match="use open_archive") as info:
+        Archive("postgresql://app:hunter2@127.0.0.1:1/agents")
+    assert "hunter2" not in str(info.value)
+    with PostgresArchive(postgres_url) as arc:
+        raw = raw_connection(arc)
+    raw.execute("DELETE FROM meta")
+    with pytest.raises(ArchiveError, match="no valid schema_version"):
+        PostgresArchive(postgres_url)
+
+
 def test_other_applications_tables_are_refused(postgres_url: str) -> None:
     with PostgresArchive(postgres_url) as arc:
         raw = raw_connection(arc)
