@@ -144,6 +144,13 @@ class ColdTier(Tier):
     def nbytes(self, agent_id: str) -> int:
         return self._sizes.get(agent_id, 0)
 
+    def track(self, agent_id: str, nbytes: int) -> None:
+        """Record what the archive holds for `agent_id` now (`0`: no state); another process may have written it."""
+        if nbytes:
+            self._sizes[agent_id] = nbytes
+        else:
+            self._sizes.pop(agent_id, None)
+
     def agents(self) -> Iterator[str]:
         return iter(list(self._sizes))
 
