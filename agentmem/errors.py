@@ -17,6 +17,9 @@ application can catch the whole family with one `except`:
     │   ├── CodecError           a state blob cannot be parsed / encoded / decoded
     │   └── FingerprintMismatch  a stored state belongs to another model/config
     ├── ArchiveError             the SQLite archive is unusable (names the file)
+    │   └── LeaseError           an agent's lease (cluster mode)
+    │       ├── LeaseHeldError   another replica holds it
+    │       └── LeaseLostError   this replica no longer holds it (nothing written)
     ├── UnknownAgentError        an operation names an agent the pool does not know
     └── PolicyError              an unknown policy / codec name (lists the valid ones)
 ```
@@ -41,6 +44,9 @@ __all__ = [
     "ContextOverflowError",
     "EngineError",
     "FingerprintMismatch",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
     "MessageError",
     "ModelError",
     "ModelNotFoundError",
@@ -109,6 +115,22 @@ class FingerprintMismatch(StateError):
 
 class ArchiveError(AgentMemError):
     """The SQLite archive cannot be opened or used; the message names the file."""
+
+
+class LeaseError(ArchiveError):
+    """An agent's lease in a shared archive cannot be had or kept."""
+
+
+class LeaseHeldError(LeaseError):
+    """Another replica holds the agent's lease (`agent_id`, `owner`, `expires_in_s`)."""
+
+    def __init__(self, message: str, *, agent_id: str = "", owner: str = "", expires_in_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.agent_id, self.owner, self.expires_in_s = agent_id, owner, expires_in_s
+
+
+class LeaseLostError(LeaseError):
+    """This replica's lease (fencing token) is no longer the agent's current one; nothing was written."""
 
 
 class UnknownAgentError(AgentMemError, KeyError):
