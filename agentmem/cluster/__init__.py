@@ -1,0 +1,46 @@
+"""Scale-out: several `agentmem serve` replicas over one shared archive, an agent served by one at a time.
+
+* `leases` — `LeaseKeeper`: the agent leases of one replica (claim, bounded wait, renewal, idle release, fence).
+* `local` — `LocalLeaseStore`: leases in one process's memory with the archive's semantics (tests, one replica).
+* `pool` — `ClusterPool`: a `MemoryPool` whose archive writes are fenced and which re-reads one agent on demand.
+* `replica` — `Replica`: what the server does around a call in cluster mode (lease, re-read, fenced commit).
+* `audit` — `lease_intervals` / `overlaps`: checks from a lease log that no agent had two owners at once.
+* `nginx` — `NginxConfig`: the consistent-hash (`X-Agent-Id`) proxy config in front of the replicas.
+* `launcher` — `Cluster`: starts N replicas and nginx on one machine and stops them (`agentmem cluster up`).
+
+See docs/scale-out.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from agentmem.cluster.leases import LeaseKeeper, LeaseStore
+from agentmem.cluster.local import LocalLeaseStore
+from agentmem.cluster.pool import ClusterPool
+from agentmem.cluster.replica import CLUSTER_DURABILITY, Replica
+
+__all__ = ["CLUSTER_DURABILITY", "ClusterPool", "LeaseKeeper", "LeaseStore", "LocalLeaseStore", "Replica",
+           "default_replica_id", "open_replica"]
+
+
+def default_replica_id() -> str:
+    """`host:pid`: unique among the replicas of one machine and across machines."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def open_replica(config: Any, settings: Any) -> tuple[ClusterPool, Replica]:
+    """The pool and the lease keeper of one replica, from a `PoolConfig` and `ServerSettings` (cluster mode).
+
+    The leases live in the pool's own archive (its calls are serialized per
+    transaction, so a renewal never lands inside a state write).
+    """
+    pool = ClusterPool(config=config)
+    try:
+        keeper = LeaseKeeper(pool.archive, owner=settings.replica_id or default_replica_id(), ttl_s=settings.lease_ttl_s)
+        return pool, Replica(pool, keeper, durability=settings.durability)
+    except BaseException:
+        pool.close()
+        raise
