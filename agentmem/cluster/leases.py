@@ -138,8 +138,9 @@ class LeaseKeeper:
     def fence(self, agent_id: str) -> Any:
         """The lease an archive write of `agent_id` must carry (called under the pool's lock).
 
-        An agent whose idle lease was released (its local copy kept) is written
-        only when its lease is free again at the token this replica last held:
+        An agent whose lease was released when idle, or ran out (its local copy
+        kept), is written only when its lease is free again at the token this replica
+        last held (the store renews it then):
         then no other replica served it meanwhile and the local copy is current.
 
         Raises:
@@ -147,21 +148,26 @@ class LeaseKeeper:
                 at its last token.
         """
         h = self._held.get(agent_id)
-        if h is not None:
+        if h is not None and self.clock() < h.valid_until:
             return h.lease
         last = self._last_token.get(agent_id)
         try:
             lease = self.store.acquire_lease(agent_id, owner=self.owner, ttl_s=self.ttl_s)
         except LeaseHeldError as exc:
+            self.lost(agent_id)
             raise LeaseLostError(f"agent {agent_id!r} is leased to {exc.owner!r}; replica {self.owner!r} must not "
                                  "write it") from exc
         if last is None or lease.token != last:
+            self.lost(agent_id)
             self._release(agent_id, _Held(lease, 0.0, 0.0))
             raise LeaseLostError(f"agent {agent_id!r} was served elsewhere since replica {self.owner!r} held it "
                                  f"(token {last} -> {lease.token}); its local copy must not be written")
         now = self.clock()
         with self._lock:
-            self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
+            if h is not None and self._held.get(agent_id) is h:
+                h.lease, h.valid_until = lease, now + self.ttl_s - self.margin_s
+            else:
+                self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
         return lease
 
     def lost(self, agent_id: str) -> None:
