@@ -154,28 +154,32 @@ class LeaseKeeper:
         try:
             lease = self.store.acquire_lease(agent_id, owner=self.owner, ttl_s=self.ttl_s)
         except LeaseHeldError as exc:
-            self.lost(agent_id)
+            self._drop(agent_id)
             raise LeaseLostError(f"agent {agent_id!r} is leased to {exc.owner!r}; replica {self.owner!r} must not "
                                  "write it") from exc
         if last is None or lease.token != last:
-            self.lost(agent_id)
+            self._drop(agent_id)
             self._release(agent_id, _Held(lease, 0.0, 0.0))
             raise LeaseLostError(f"agent {agent_id!r} was served elsewhere since replica {self.owner!r} held it "
                                  f"(token {last} -> {lease.token}); its local copy must not be written")
         now = self.clock()
-        with self._lock:
-            if h is not None and self._held.get(agent_id) is h:
-                h.lease, h.valid_until = lease, now + self.ttl_s - self.margin_s
-            else:
-                self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
+        # no keeper lock here (the pool's lock is held, and the renewal thread may hold the
+        # keeper's while it waits for the pool's): single dict operations only
+        if h is not None and self._held.get(agent_id) is h:
+            h.lease, h.valid_until = lease, now + self.ttl_s - self.margin_s
+        else:
+            self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
         return lease
+
+    def _drop(self, agent_id: str) -> None:
+        if self._held.pop(agent_id, None) is not None:
+            self.counts["lost"] += 1
+            logger.warning("replica %s lost the lease of agent %r", self.owner, agent_id)
 
     def lost(self, agent_id: str) -> None:
         """Forget `agent_id`'s lease after the archive refused it (`LeaseLostError`)."""
         with self._lock:
-            if self._held.pop(agent_id, None) is not None:
-                self.counts["lost"] += 1
-                logger.warning("replica %s lost the lease of agent %r", self.owner, agent_id)
+            self._drop(agent_id)
 
     def release(self, agent_id: str) -> None:
         """Give `agent_id`'s lease up now (parked to the archive, forgotten)."""
