@@ -228,7 +228,7 @@ class LeaseKeeper:
             except Exception:  # noqa: BLE001 - keep the lease (and the local state) for a later try
                 logger.exception("could not store agent %r before releasing its lease", agent_id)
                 return
-        del self._held[agent_id]
+        self._held.pop(agent_id, None)
         self._release(agent_id, h)
 
     def start(self) -> None:
@@ -253,5 +253,5 @@ class LeaseKeeper:
             self._thread = None
         with self._lock:
             for agent_id, h in list(self._held.items()):
-                del self._held[agent_id]
+                self._held.pop(agent_id, None)
                 self._release(agent_id, h)
