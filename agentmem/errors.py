@@ -16,10 +16,10 @@ application can catch the whole family with one `except`:
     ├── StateError               a KV state cannot be stored or restored
     │   ├── CodecError           a state blob cannot be parsed / encoded / decoded
     │   └── FingerprintMismatch  a stored state belongs to another model/config
-    ├── ArchiveError             the SQLite archive is unusable (names the file)
-    │   └── LeaseError           an agent's lease (cluster mode)
-    │       ├── LeaseHeldError   another replica holds it
-    │       └── LeaseLostError   this replica no longer holds it (nothing written)
+    ├── ArchiveError             the archive is unusable (names the file or the redacted URL)
+    │   └── LeaseError           an agent's lease cannot be taken or used
+    │       ├── LeaseHeldError   another owner holds an unexpired lease on the agent
+    │       └── LeaseLostError   a fenced write's lease is no longer current (nothing written)
     ├── UnknownAgentError        an operation names an agent the pool does not know
     └── PolicyError              an unknown policy / codec name (lists the valid ones)
 ```
@@ -114,23 +114,32 @@ class FingerprintMismatch(StateError):
 
 
 class ArchiveError(AgentMemError):
-    """The SQLite archive cannot be opened or used; the message names the file."""
+    """The archive cannot be opened or used; the message names the file (or the URL, password redacted)."""
 
 
 class LeaseError(ArchiveError):
-    """An agent's lease in a shared archive cannot be had or kept."""
+    """An agent's lease cannot be acquired, renewed or used."""
 
 
 class LeaseHeldError(LeaseError):
-    """Another replica holds the agent's lease (`agent_id`, `owner`, `expires_in_s`)."""
+    """Another owner holds an unexpired lease on the agent.
 
-    def __init__(self, message: str, *, agent_id: str = "", owner: str = "", expires_in_s: float = 0.0) -> None:
+    Attributes:
+        agent_id: the agent.
+        owner: who holds the lease.
+        expires_in_s: seconds until it lapses unless renewed (by the archive's clock).
+    """
+
+    def __init__(self, message: str, *, agent_id: str, owner: str, expires_in_s: float) -> None:
         super().__init__(message)
-        self.agent_id, self.owner, self.expires_in_s = agent_id, owner, expires_in_s
+        self.agent_id = agent_id
+        self.owner = owner
+        self.expires_in_s = expires_in_s
 
 
 class LeaseLostError(LeaseError):
-    """This replica's lease (fencing token) is no longer the agent's current one; nothing was written."""
+    """The lease used as a fence (or renewed) is no longer the agent's current one: another
+    owner took it over, or it was released. The write it guarded wrote nothing."""
 
 
 class UnknownAgentError(AgentMemError, KeyError):

@@ -1,33 +1,42 @@
-"""The SQLite archive: agentmem's cold tier and its recall store.
+"""The archive: agentmem's cold tier and its recall store, on SQLite or PostgreSQL.
 
-One archive is one SQLite file (WAL journal) that outlives the process. It holds,
+An archive is one SQLite file (WAL journal, the embedded default) or one
+PostgreSQL database shared by several replicas; either outlives the process. It holds,
 per agent, the record (priority, labels), the token ledger (tokens, region spans,
 message text), at most one KV state blob with its codec, checksum and
 model/config fingerprint, an event log, the text of evicted spans (full-text
-searchable with FTS5), and shared KV blocks with reference counts.
+searchable), shared KV blocks with reference counts, and leases with fencing
+tokens that decide which replica may write an agent.
 
 * `records` holds the frozen records the queries return (`AgentRecord`,
   `LedgerRecord`, `StateInfo`, `StoredState`, `EventRecord`, `EvictedSpan`,
-  `SharedBlockInfo`, `SharedBlock`, `TableStats`, `ArchiveStats`, `VacuumResult`).
-* `schema` holds the versioned migrations (`MIGRATIONS`, `SCHEMA_VERSION`) and
-  applies the missing ones to an older file.
-* `connection` opens the file (path checks, the one-writer file lock, WAL and
-  pragmas, schema, FTS set-up) and holds the locked read/write/transaction
-  plumbing, `checksum` and the value checks.
+  `SharedBlockInfo`, `SharedBlock`, `TableStats`, `ArchiveStats`, `VacuumResult`,
+  `Lease`, `LeaseEvent`).
+* `values` holds `checksum` and the value checks both backends apply before any SQL.
+* `core` is the backend-neutral plumbing: the lock, reading/writing helpers,
+  `transaction` and the fencing check.
+* `schema` holds the SQLite migrations (`MIGRATIONS`, `SCHEMA_VERSION`) and
+  applies the missing ones to an older file; `pg_schema` the PostgreSQL ones.
+* `connection` opens a SQLite file (path checks, the one-writer file lock, WAL
+  and pragmas, schema, FTS5 set-up and search).
+* `postgres` opens a PostgreSQL database (psycopg 3, migrations under an
+  advisory lock, `tsvector` search, the server's clock, URL redaction).
 * `agents` reads and writes agent records and token ledgers.
 * `states` reads and writes KV states and their sliding-window checkpoints.
 * `events` keeps the event log and the evicted text with its full-text search.
 * `blocks` keeps shared KV blocks and their reference counts.
-* `store` composes those into the public `Archive` and adds stats, WAL
-  checkpoint and vacuum.
+* `leases` keeps agent leases (owner, fencing token, expiry) and their log.
+* `store` composes those into the public `Archive` (SQLite) and `PostgresArchive`,
+  adds stats, checkpoint and vacuum, and `open_archive(path or URL)`.
 """
 
-from agentmem.archive.connection import checksum
 from agentmem.archive.records import (
     AgentRecord,
     ArchiveStats,
     EventRecord,
     EvictedSpan,
+    Lease,
+    LeaseEvent,
     LedgerRecord,
     SharedBlock,
     SharedBlockInfo,
@@ -37,17 +46,22 @@ from agentmem.archive.records import (
     VacuumResult,
 )
 from agentmem.archive.schema import MIGRATIONS, SCHEMA_VERSION
-from agentmem.archive.store import Archive
+from agentmem.archive.store import Archive, ArchiveBase, PostgresArchive, open_archive
+from agentmem.archive.values import checksum
 
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "AgentRecord",
     "Archive",
+    "ArchiveBase",
     "ArchiveStats",
     "EventRecord",
     "EvictedSpan",
+    "Lease",
+    "LeaseEvent",
     "LedgerRecord",
+    "PostgresArchive",
     "SharedBlock",
     "SharedBlockInfo",
     "StateInfo",
@@ -55,4 +69,5 @@ __all__ = [
     "TableStats",
     "VacuumResult",
     "checksum",
+    "open_archive",
 ]

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from agentmem.archive.connection import (
-    ArchiveConnection,
+from agentmem.archive.core import ArchiveCore
+from agentmem.archive.records import AgentRecord, Lease, LedgerRecord, Region
+from agentmem.archive.values import (
     _check_agent_id,
     _check_int64,
     _check_key,
@@ -23,7 +24,6 @@ from agentmem.archive.connection import (
     _json_dumps,
     _json_text,
 )
-from agentmem.archive.records import AgentRecord, LedgerRecord, Region
 from agentmem.errors import ArchiveError
 
 __all__ = ["AgentsMixin"]
@@ -61,7 +61,7 @@ def _check_regions(regions: Iterable[Sequence[Any]], n_tokens: int) -> list[list
     return out
 
 
-class AgentsMixin(ArchiveConnection):
+class AgentsMixin(ArchiveCore):
     """Reads and writes of agent records and ledgers (part of `Archive`)."""
 
     def put_agent(
@@ -70,6 +70,7 @@ class AgentsMixin(ArchiveConnection):
         *,
         priority: int | str | None = None,
         labels: Mapping[str, Any] | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Create or update an agent record.
 
@@ -79,6 +80,8 @@ class AgentsMixin(ArchiveConnection):
                 new agent).
             labels: JSON-serialisable labels replacing the current ones; `None`
                 keeps them (`{}` for a new agent).
+            fence: write only while this lease of the agent is current
+                (else `LeaseLostError`, nothing written).
 
         Examples:
             >>> from agentmem.archive import Archive
@@ -96,13 +99,14 @@ class AgentsMixin(ArchiveConnection):
             priority = _check_int64("priority", priority)
         labels_json = None if labels is None else _json_text("labels", dict(labels))
         now = time.time()
-        with self._writing("put_agent") as db:
+        stored = self._priority_in(priority)
+        with self._writing("put_agent", fence=fence, agent_id=agent_id) as db:
             db.execute(
                 "INSERT INTO agents(id, priority, labels, created, updated) "
-                "VALUES (?, coalesce(?, 0), coalesce(?, '{}'), ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET priority = coalesce(?, priority), "
-                "labels = coalesce(?, labels), updated = excluded.updated",
-                [agent_id, priority, labels_json, now, now, priority, labels_json],
+                "VALUES (?, coalesce(?, ?), coalesce(?, '{}'), ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET priority = coalesce(?, agents.priority), "
+                "labels = coalesce(?, agents.labels), updated = excluded.updated",
+                [agent_id, stored, self._PRIORITY_DEFAULT, labels_json, now, now, stored, labels_json],
             )
 
     _AGENT_SELECT = """
@@ -118,7 +122,7 @@ class AgentsMixin(ArchiveConnection):
     def _agent_from_row(self, row: Sequence[Any]) -> AgentRecord:
         return AgentRecord(
             agent_id=row[0],
-            priority=row[1],
+            priority=self._priority_out(row[1]),
             labels=self._labels(row[0], row[2]),
             created=row[3],
             updated=row[4],
@@ -165,14 +169,18 @@ class AgentsMixin(ArchiveConnection):
             rows = db.execute(self._AGENT_SELECT + " ORDER BY a.id").fetchall()
         return [self._agent_from_row(r) for r in rows]
 
-    def delete_agent(self, agent_id: str) -> bool:
-        """Delete an agent with its ledger, state, evicted spans and events.
+    def delete_agent(self, agent_id: str, *, fence: Lease | None = None) -> bool:
+        """Delete an agent with its ledger, state, evicted spans and events (its lease row stays).
+
+        Args:
+            agent_id: the agent's id.
+            fence: delete only while this lease of the agent is current.
 
         Returns:
             Whether the agent existed.
         """
         _check_key("agent_id", agent_id)
-        with self._writing("delete_agent") as db:
+        with self._writing("delete_agent", fence=fence, agent_id=agent_id) as db:
             db.execute("DELETE FROM events WHERE agent_id = ?", [agent_id])
             cur = db.execute("DELETE FROM agents WHERE id = ?", [agent_id])
             return cur.rowcount > 0
@@ -185,6 +193,8 @@ class AgentsMixin(ArchiveConnection):
         tokens: np.ndarray | Sequence[int],
         regions: Iterable[Region] | Iterable[Sequence[Any]],
         messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        fence: Lease | None = None,
     ) -> None:
         """Store (replace) an agent's ledger; creates the agent record if needed.
 
@@ -193,9 +203,11 @@ class AgentsMixin(ArchiveConnection):
             tokens: 1-D integer token ids (stored as int32 little-endian).
             regions: `(start, end, region, flags)` spans within `tokens`.
             messages: the chat messages (JSON-serialisable dicts), or `None`.
+            fence: write only while this lease of the agent is current.
 
         Raises:
             ValueError, TypeError: malformed tokens, regions or messages.
+            LeaseLostError: `fence` is no longer current (nothing written).
 
         Examples:
             >>> import numpy as np
@@ -222,19 +234,14 @@ class AgentsMixin(ArchiveConnection):
             + (len(messages_json.encode()) if messages_json is not None else 0)
         )
         now = time.time()
-        with self._writing("put_ledger") as db:
+        with self._writing("put_ledger", fence=fence, agent_id=agent_id) as db:
             self._touch_agent(db, agent_id, now)
-            db.table("ledgers").upsert(
-                {
-                    "agent_id": agent_id,
-                    "n_tokens": n_tokens,
-                    "n_bytes": n_bytes,
-                    "updated": now,
-                    "regions": regions_json,
-                    "messages": messages_json,
-                    "tokens": token_bytes,
-                },
-                pk="agent_id",
+            db.execute(
+                "INSERT INTO ledgers(agent_id, n_tokens, n_bytes, updated, regions, messages, tokens) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(agent_id) DO UPDATE SET n_tokens = excluded.n_tokens, "
+                "n_bytes = excluded.n_bytes, updated = excluded.updated, regions = excluded.regions, "
+                "messages = excluded.messages, tokens = excluded.tokens",
+                [agent_id, n_tokens, n_bytes, now, regions_json, messages_json, token_bytes],
             )
 
     def get_ledger(self, agent_id: str) -> LedgerRecord | None:
@@ -261,8 +268,8 @@ class AgentsMixin(ArchiveConnection):
         tokens = np.frombuffer(blob, dtype="<i4").astype(np.int32)
         return LedgerRecord(agent_id=agent_id, tokens=tokens, regions=regions, messages=messages, updated=updated)
 
-    def delete_ledger(self, agent_id: str) -> bool:
-        """Delete the agent's ledger; returns whether there was one."""
+    def delete_ledger(self, agent_id: str, *, fence: Lease | None = None) -> bool:
+        """Delete the agent's ledger (fenced by `fence` when given); returns whether there was one."""
         _check_key("agent_id", agent_id)
-        with self._writing("delete_ledger") as db:
+        with self._writing("delete_ledger", fence=fence, agent_id=agent_id) as db:
             return db.execute("DELETE FROM ledgers WHERE agent_id = ?", [agent_id]).rowcount > 0

@@ -13,8 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentmem.archive.connection import (
-    ArchiveConnection,
+from agentmem.archive.core import ArchiveCore
+from agentmem.archive.records import BlobLike, Lease, SharedBlock, SharedBlockInfo
+from agentmem.archive.values import (
     _as_buffer,
     _INT64_MAX,
     _check_count,
@@ -25,13 +26,12 @@ from agentmem.archive.connection import (
     _verify_checksum,
     checksum,
 )
-from agentmem.archive.records import BlobLike, SharedBlock, SharedBlockInfo
 from agentmem.errors import ArchiveError, CodecError, ConfigError
 
 __all__ = ["BlocksMixin"]
 
 
-class BlocksMixin(ArchiveConnection):
+class BlocksMixin(ArchiveCore):
     """Reads and writes of shared KV blocks (part of `Archive`)."""
 
     def put_shared_block(
@@ -85,10 +85,11 @@ class BlocksMixin(ArchiveConnection):
             updated=row[7],
         )
 
-    def _change_refcount(self, block_id: str, delta: int, what: str) -> int:
+    def _change_refcount(self, block_id: str, delta: int, what: str, fence: Lease | None) -> int:
         _check_key("block_id", block_id)
-        with self._writing(what) as db:
-            row = db.execute("SELECT refcount FROM shared_blocks WHERE id = ?", [block_id]).fetchone()
+        with self._writing(what, fence=fence) as db:
+            # FOR UPDATE on PostgreSQL: replicas changing one block's count queue on its row
+            row = db.execute(f"SELECT refcount FROM shared_blocks WHERE id = ?{self._FOR_UPDATE}", [block_id]).fetchone()
             if row is None:
                 raise ArchiveError(f"{self.path}: no shared block {block_id!r}")
             new = row[0] + delta
@@ -101,17 +102,25 @@ class BlocksMixin(ArchiveConnection):
             db.execute("UPDATE shared_blocks SET refcount = ?, updated = ? WHERE id = ?", [new, time.time(), block_id])
             return int(new)
 
-    def incref_shared_block(self, block_id: str, n: int = 1) -> int:
-        """Add `n` references; returns the new count. Unknown id: `ArchiveError`."""
-        return self._change_refcount(block_id, _check_count("n", n), "incref_shared_block")
+    def incref_shared_block(self, block_id: str, n: int = 1, *, fence: Lease | None = None) -> int:
+        """Add `n` references; returns the new count. Unknown id: `ArchiveError`.
 
-    def decref_shared_block(self, block_id: str, n: int = 1) -> int:
+        With `fence` (the lease of the agent taking the references) the change
+        commits only while that lease is current.
+        """
+        return self._change_refcount(block_id, _check_count("n", n), "incref_shared_block", fence)
+
+    def decref_shared_block(self, block_id: str, n: int = 1, *, fence: Lease | None = None) -> int:
         """Drop `n` references; returns the new count, never below zero.
+
+        With `fence` (the lease of the agent dropping them) the change commits only
+        while that lease is current.
 
         Raises:
             ArchiveError: unknown id, or fewer than `n` references (nothing changes).
+            LeaseLostError: `fence` is no longer current (nothing changes).
         """
-        return self._change_refcount(block_id, -_check_count("n", n), "decref_shared_block")
+        return self._change_refcount(block_id, -_check_count("n", n), "decref_shared_block", fence)
 
     def get_shared_block(self, block_id: str) -> SharedBlock | None:
         """The verified block, or `None`; `CodecError` if its checksum fails."""

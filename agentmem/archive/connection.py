@@ -1,10 +1,9 @@
-"""Opening an archive file and the plumbing every read and write goes through.
+"""Opening a SQLite archive file: the SQLite backend of the archive core.
 
 `ArchiveConnection` checks the path, takes the file lock, sets WAL and the other
-pragmas, opens or migrates the schema, sets up full-text search and offers the
-locked reading/writing helpers and `transaction`. The module also holds the
-storage-generic value helpers: `checksum` and its verification, zero-copy blob
-views, canonical JSON and the checks of ids and counts.
+pragmas, opens or migrates the schema, sets up full-text search (FTS5, or a LIKE
+scan without it) and fills in the hooks of `ArchiveCore` (`agentmem.archive.core`),
+which holds the locked reading/writing helpers, `transaction` and fencing.
 
 Concurrency: one writer per file. A writable archive takes an exclusive advisory
 lock (`flock` on `<path>-lock`, symlinks resolved) for as long as it is open, so a
@@ -27,26 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import json
 import logging
 import os
 import sqlite3
 import threading
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, ClassVar, Literal
 
-import numpy as np
 from sqlite_utils import Database
 
 from agentmem.archive import schema
-from agentmem.archive.records import BlobLike
-from agentmem.errors import ArchiveError, ConfigError
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from agentmem.archive.core import ArchiveCore
+from agentmem.archive.values import SPAN_COLUMNS, checksum
+from agentmem.errors import ArchiveError
 
 try:  # POSIX only; elsewhere the archive opens without the cross-process lock
     import fcntl
@@ -57,95 +51,8 @@ __all__ = ["ArchiveConnection", "checksum"]
 
 logger = logging.getLogger(__name__)
 
-_CHECKSUM_ALGO = "sha256"  # SHA-NI makes it ~2x faster than blake2b on x86
 _BUSY_TIMEOUT_MS = 5_000
 _WAL_SIZE_LIMIT = 64 * 1024 * 1024  # truncate the WAL back to this after checkpoints
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER holds
-
-
-def checksum(data: BlobLike) -> str:
-    """Return the archive's checksum of `data` as `"sha256:<hex>"`.
-
-    Examples:
-        >>> checksum(b"abc")[:15]
-        'sha256:ba7816bf'
-    """
-    return f"{_CHECKSUM_ALGO}:{hashlib.new(_CHECKSUM_ALGO, _as_buffer(data)).hexdigest()}"
-
-
-def _verify_checksum(stored: str, data: bytes) -> str | None:
-    """Return the recomputed checksum when it differs from `stored`, else None."""
-    algo, _, _ = stored.partition(":")
-    try:
-        actual = f"{algo}:{hashlib.new(algo, data).hexdigest()}"
-    except ValueError:  # unknown algorithm name: treat as unverifiable
-        return f"unknown algorithm {algo!r}"
-    return None if actual == stored else actual
-
-
-def _as_buffer(blob: BlobLike) -> bytes | bytearray | memoryview:
-    """A zero-copy byte view of `blob` that sqlite3 and hashlib both accept."""
-    if isinstance(blob, np.ndarray):
-        return np.ascontiguousarray(blob).data.cast("B")
-    if isinstance(blob, memoryview):
-        return blob.cast("B") if blob.c_contiguous else memoryview(blob.tobytes())
-    if isinstance(blob, (bytes, bytearray)):
-        return blob
-    raise TypeError(f"blob must be bytes, bytearray, memoryview or numpy array, not {type(blob).__name__}")
-
-
-def _json_dumps(value: Any) -> str:
-    """Canonical JSON: sorted keys, no spaces, non-ASCII kept as is."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def _normalise_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """Round-trip through JSON so tuples/lists and key order compare equal."""
-    if not isinstance(fingerprint, Mapping):
-        raise TypeError(f"fingerprint must be a dict, not {type(fingerprint).__name__}")
-    try:
-        return json.loads(_json_dumps(dict(fingerprint)))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"fingerprint is not JSON-serialisable: {exc}") from exc
-
-
-def _check_text(name: str, value: str) -> str:
-    """`value` unchanged if SQLite can store it: a str with a UTF-8 encoding (no lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        shown = value if len(value) <= 80 else value[:77] + "..."
-        raise ConfigError(f"{name} must be valid UTF-8 text ({exc.reason} at index {exc.start}): {shown!r}") from exc
-    return value
-
-
-def _json_text(name: str, value: Any) -> str:
-    """`_json_dumps(value)`, checked to be storable text (strings inside may hold lone surrogates)."""
-    return _check_text(name, _json_dumps(value))
-
-
-def _check_key(name: str, value: Any) -> Any:
-    """A lookup key unchanged; a str one must be storable text (other types go to SQLite as before)."""
-    return _check_text(name, value) if isinstance(value, str) else value
-
-
-def _check_int64(name: str, value: int) -> int:
-    """`value` as an int if it fits SQLite's 64-bit INTEGER."""
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise ConfigError(f"{name} must fit in a signed 64-bit integer, not {value!r}")
-    return int(value)
-
-
-def _check_agent_id(agent_id: str) -> str:
-    if not isinstance(agent_id, str) or not agent_id:
-        raise TypeError(f"agent_id must be a non-empty str, not {agent_id!r}")
-    return _check_text("agent_id", agent_id)
-
-
-def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative int, not {value!r}")
-    return _check_int64(name, value)
 
 
 def _fts5_available(conn: sqlite3.Connection) -> bool:
@@ -165,8 +72,8 @@ def _file_size(path: str) -> int:
         return 0
 
 
-class ArchiveConnection:
-    """The open SQLite file under an `Archive`: lifecycle, lock, schema and plumbing.
+class ArchiveConnection(ArchiveCore):
+    """The open SQLite file under an `Archive`: lifecycle, lock, schema and the SQLite hooks.
 
     Not used on its own: `Archive` (in `agentmem.archive.store`) adds the reads
     and writes by kind of data and documents the constructor's arguments.
@@ -229,11 +136,6 @@ class ArchiveConnection:
         return self._conn is None
 
     @property
-    def schema_version(self) -> int:
-        """Schema version of the open file (always `SCHEMA_VERSION` when writable)."""
-        return self._schema_version
-
-    @property
     def fts_enabled(self) -> bool:
         """Whether `search_evicted` uses FTS5 (else a LIKE scan)."""
         return self._fts
@@ -255,21 +157,6 @@ class ArchiveConnection:
                 # Closing the descriptor drops the flock; the file stays so that
                 # a concurrent opener never races on its creation.
                 os.close(fd)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_conn", None) is not None:
-            warnings.warn(f"Archive {self.path!r} was not closed", ResourceWarning, stacklevel=2)
-            self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else ("readonly" if self.readonly else "open")
-        return f"Archive({self.path!r}, {state})"
 
     def _check_path(self) -> None:
         p = Path(self.path)
@@ -421,54 +308,33 @@ class ArchiveConnection:
             raise ArchiveError(f"{self.path}: archive is closed")
         return self._conn
 
-    @contextlib.contextmanager
-    def _reading(self, what: str) -> Iterator[Database]:
-        """Hold the lock and turn SQLite errors into `ArchiveError` naming the file."""
-        with self._lock:
-            db = self._require_db()
-            try:
-                yield db
-            except sqlite3.Error as exc:
-                raise ArchiveError(f"{self.path}: {what} failed: {exc}") from exc
+    # ------------------------------------------------------------------ the core's hooks
 
-    def _row(self, what: str, sql: str, params: Sequence[Any]) -> Any:
-        """The first row of a read query (`None` when there is none)."""
-        with self._reading(what) as db:
-            return db.execute(sql, list(params)).fetchone()
+    _DRIVER_ERRORS: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
-    @contextlib.contextmanager
-    def _writing(self, what: str) -> Iterator[Database]:
-        """Like `_reading`, inside a transaction (a savepoint when nested)."""
-        with self._reading(what) as db:
-            if self.readonly:
-                raise ArchiveError(f"{self.path}: opened readonly; cannot {what}")
-            with db.atomic():
-                yield db
+    def _atomic(self, db: Database) -> contextlib.AbstractContextManager[Any]:
+        return db.atomic()
 
-    def _touch_agent(self, db: Database, agent_id: str, now: float) -> None:
-        db.execute(
-            "INSERT INTO agents(id, created, updated) VALUES (?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET updated = excluded.updated",
-            [agent_id, now, now],
-        )
+    def _now(self, db: Database) -> float:
+        """The lease clock: this process's (one writer per file, so one clock)."""
+        return time.time()
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[Self]:
-        """Group writes so they commit together or not at all.
-
-        Nested calls become savepoints. Other threads wait until the outermost
-        block ends. An exception inside the block rolls everything back and
-        propagates.
-
-        Examples:
-            >>> import numpy as np
-            >>> from agentmem.archive import Archive
-            >>> with Archive(":memory:") as arc:
-            ...     with arc.transaction():
-            ...         arc.put_ledger("a", np.arange(4, dtype=np.int32), [])
-            ...         _ = arc.put_state("a", b"kv", codec="f16", n_tokens=4, fingerprint={})
-            ...     arc.get_ledger("a").n_tokens
-            4
-        """
-        with self._writing("transaction") as _:
-            yield self
+    def _search(self, db: Database, agent_id: str | None, terms: list[str], k: int) -> list[Sequence[Any]]:
+        """FTS5 with BM25 (`score = -bm25`) over `porter unicode61`, or a LIKE scan ranked by words found."""
+        agent_sql, agent_params = ("", []) if agent_id is None else (" AND s.agent_id = ?", [agent_id])
+        if self._fts:
+            match = " OR ".join(f'"{t}"' for t in terms)
+            return db.execute(
+                f"SELECT {SPAN_COLUMNS}, -bm25(evicted_spans_fts) AS score "
+                "FROM evicted_spans_fts JOIN evicted_spans s ON s.id = evicted_spans_fts.rowid "
+                f"WHERE evicted_spans_fts MATCH ?{agent_sql} ORDER BY score DESC, s.id DESC LIMIT ?",
+                [match, *agent_params, k],
+            ).fetchall()
+        likes = ["%" + t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for t in terms]
+        hits = " + ".join("(s.text LIKE ? ESCAPE '\\')" for _ in likes)
+        return db.execute(
+            f"SELECT * FROM (SELECT {SPAN_COLUMNS}, ({hits}) * 1.0 AS score "
+            f"FROM evicted_spans s WHERE 1{agent_sql}) WHERE score > 0 "
+            "ORDER BY score DESC, id DESC LIMIT ?",
+            [*likes, *agent_params, k],
+        ).fetchall()

@@ -1,8 +1,8 @@
 """The event log and the evicted text kept for recall.
 
 `EventsMixin` adds to `Archive` the append-only `events` log and the
-`evicted_spans` table with its full-text search (FTS5 with BM25 ranking, or a
-LIKE scan where SQLite lacks FTS5).
+`evicted_spans` table with its full-text search (the backend's `_search`: FTS5
+with BM25 on SQLite, a LIKE scan where SQLite lacks FTS5, `tsvector` on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from agentmem.archive.connection import ArchiveConnection, _check_agent_id, _check_count, _check_key, _check_text
-from agentmem.archive.records import EventRecord, EvictedSpan
+from agentmem.archive.core import ArchiveCore
+from agentmem.archive.records import EventRecord, EvictedSpan, Lease
+from agentmem.archive.values import SPAN_COLUMNS, _check_agent_id, _check_count, _check_key, _check_text
+from agentmem.errors import ConfigError
 
 __all__ = ["EventsMixin"]
 
@@ -26,11 +28,14 @@ def _fts_terms(query: str) -> list[str]:
     return re.findall(r"\w+", query, flags=re.UNICODE)[:_MAX_QUERY_TERMS]
 
 
-class EventsMixin(ArchiveConnection):
+class EventsMixin(ArchiveCore):
     """The event log and evicted-text recall (part of `Archive`)."""
 
-    def log_event(self, agent_id: str | None, kind: str, **data: Any) -> int:
+    def log_event(self, agent_id: str | None, kind: str, *, fence: Lease | None = None, **data: Any) -> int:
         """Append an event; values that JSON cannot hold are stored as their repr.
+
+        With `fence` (an agent's event only) the event is written only while that
+        lease of the agent is current; `fence` is never part of `data`.
 
         Returns:
             The event id.
@@ -47,12 +52,14 @@ class EventsMixin(ArchiveConnection):
         _check_text("kind", kind)
         _check_key("agent_id", agent_id)
         payload = _check_text("data", json.dumps(data, sort_keys=True, ensure_ascii=False, default=repr))
-        with self._writing("log_event") as db:
-            cur = db.execute(
-                "INSERT INTO events(ts, agent_id, kind, data) VALUES (?, ?, ?, ?)",
+        if fence is not None and agent_id is None:
+            raise ConfigError("fence needs an agent's event, not a pool-wide one (agent_id=None)")
+        with self._writing("log_event", fence=fence, agent_id=agent_id) as db:
+            row = db.execute(
+                "INSERT INTO events(ts, agent_id, kind, data) VALUES (?, ?, ?, ?) RETURNING id",
                 [time.time(), agent_id, kind, payload],
-            )
-            return int(cur.lastrowid or 0)
+            ).fetchall()
+            return int(row[0][0])
 
     def events(self, agent_id: str | None = None, *, kind: str | None = None, limit: int = 100) -> list[EventRecord]:
         """Recent events, newest first, optionally of one agent and/or kind."""
@@ -86,8 +93,10 @@ class EventsMixin(ArchiveConnection):
 
     # ------------------------------------------------------------------ evicted text
 
-    def add_evicted_span(self, agent_id: str, start: int, end: int, region: str, text: str) -> int:
-        """Archive the text of one evicted span; returns its id.
+    def add_evicted_span(
+        self, agent_id: str, start: int, end: int, region: str, text: str, *, fence: Lease | None = None
+    ) -> int:
+        """Archive the text of one evicted span (fenced by `fence` when given); returns its id.
 
         Examples:
             >>> from agentmem.archive import Archive
@@ -96,10 +105,15 @@ class EventsMixin(ArchiveConnection):
             ...     [s.text for s in arc.search_evicted("a", "invoice?")]
             ['invoice total 1234 EUR']
         """
-        return self.add_evicted_spans(agent_id, [(start, end, region, text)])[0]
+        return self.add_evicted_spans(agent_id, [(start, end, region, text)], fence=fence)[0]
 
-    def add_evicted_spans(self, agent_id: str, spans: Iterable[tuple[int, int, str, str]]) -> list[int]:
-        """Archive several evicted spans of one agent in one transaction; returns their ids."""
+    def add_evicted_spans(
+        self, agent_id: str, spans: Iterable[tuple[int, int, str, str]], *, fence: Lease | None = None
+    ) -> list[int]:
+        """Archive several evicted spans of one agent in one transaction; returns their ids.
+
+        With `fence` they are written only while that lease of the agent is current.
+        """
         _check_agent_id(agent_id)
         rows = []
         for start, end, region, text in spans:
@@ -113,21 +127,20 @@ class EventsMixin(ArchiveConnection):
             rows.append((start, end, region, text))
         now = time.time()
         ids: list[int] = []
-        with self._writing("add_evicted_spans") as db:
+        with self._writing("add_evicted_spans", fence=fence, agent_id=agent_id) as db:
             self._touch_agent(db, agent_id, now)
             for start, end, region, text in rows:
-                cur = db.execute(
-                    'INSERT INTO evicted_spans(agent_id, start, "end", region, text, ts) VALUES (?, ?, ?, ?, ?, ?)',
+                row = db.execute(
+                    'INSERT INTO evicted_spans(agent_id, start, "end", region, text, ts) '
+                    "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                     [agent_id, start, end, region, text, now],
-                )
-                ids.append(int(cur.lastrowid or 0))
+                ).fetchall()
+                ids.append(int(row[0][0]))
         return ids
-
-    _SPAN_COLUMNS = 's.id, s.agent_id, s.start, s."end", s.region, s.text, s.ts'
 
     def list_evicted(self, agent_id: str, *, limit: int | None = None) -> list[EvictedSpan]:
         """The agent's evicted spans, oldest first."""
-        sql = f"SELECT {self._SPAN_COLUMNS}, 0.0 FROM evicted_spans s WHERE s.agent_id = ? ORDER BY s.id"
+        sql = f"SELECT {SPAN_COLUMNS}, 0.0 FROM evicted_spans s WHERE s.agent_id = ? ORDER BY s.id"
         params: list[Any] = [agent_id]
         if limit is not None:
             sql += " LIMIT ?"
@@ -140,8 +153,9 @@ class EventsMixin(ArchiveConnection):
 
         The query is reduced to its words, each matched literally and combined
         with OR, so any user text is safe (quotes, `NEAR`, `*`, `-` and
-        other FTS5 syntax carry no meaning). Ranking is FTS5's BM25 with Porter
-        stemming; without FTS5 it is the number of words found by a LIKE scan.
+        other FTS5 syntax carry no meaning). On SQLite, ranking is FTS5's BM25
+        with Porter stemming (without FTS5, the number of words found by a LIKE
+        scan); on PostgreSQL, `ts_rank` over an English `tsvector`.
 
         Args:
             agent_id: restrict to one agent, or `None` for all agents.
@@ -159,23 +173,6 @@ class EventsMixin(ArchiveConnection):
         terms = _fts_terms(query if isinstance(query, str) else str(query))
         if not terms or k == 0:
             return []
-        agent_sql, agent_params = ("", []) if agent_id is None else (" AND s.agent_id = ?", [agent_id])
         with self._reading("search_evicted") as db:
-            if self._fts:
-                match = " OR ".join(f'"{t}"' for t in terms)
-                rows = db.execute(
-                    f"SELECT {self._SPAN_COLUMNS}, -bm25(evicted_spans_fts) AS score "
-                    "FROM evicted_spans_fts JOIN evicted_spans s ON s.id = evicted_spans_fts.rowid "
-                    f"WHERE evicted_spans_fts MATCH ?{agent_sql} ORDER BY score DESC, s.id DESC LIMIT ?",
-                    [match, *agent_params, k],
-                ).fetchall()
-            else:
-                likes = ["%" + t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for t in terms]
-                hits = " + ".join("(s.text LIKE ? ESCAPE '\\')" for _ in likes)
-                rows = db.execute(
-                    f"SELECT * FROM (SELECT {self._SPAN_COLUMNS}, ({hits}) * 1.0 AS score "
-                    f"FROM evicted_spans s WHERE 1{agent_sql}) WHERE score > 0 "
-                    "ORDER BY score DESC, id DESC LIMIT ?",
-                    [*likes, *agent_params, k],
-                ).fetchall()
+            rows = self._search(db, agent_id, terms, k)
         return [EvictedSpan(*row) for row in rows]

@@ -7,7 +7,7 @@ connection. `Region` and `BlobLike` are the type aliases the writers accept.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -17,6 +17,9 @@ __all__ = [
     "BlobLike",
     "EventRecord",
     "EvictedSpan",
+    "Lease",
+    "LeaseEvent",
+    "LeaseKind",
     "LedgerRecord",
     "Region",
     "SharedBlock",
@@ -229,3 +232,49 @@ class VacuumResult:
 
     bytes_before: int
     bytes_after: int
+
+
+LeaseKind = Literal["acquire", "renew", "release", "takeover"]
+"""What a `LeaseEvent` records."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """The right of one owner (a replica) to write one agent, with its fencing token.
+
+    Pass it as `fence=` to the archive's agent-scoped writes: they commit only while
+    the agent's lease row still holds this owner and token.
+
+    Attributes:
+        agent_id: the agent the lease is for.
+        owner: who holds it (a replica's name).
+        token: the fencing token; strictly increasing per agent, never reused.
+        expires_at: when it lapses unless renewed, in seconds since the epoch by the
+            archive's clock (the database server's on PostgreSQL), so compare it with
+            another `Lease`, not with the local clock.
+    """
+
+    agent_id: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """One line of the lease log (`Archive.lease_log`), oldest first.
+
+    Attributes:
+        agent_id: the agent.
+        owner: the owner that acquired, renewed, released or took over the lease.
+        token: the lease's token after the event.
+        kind: `acquire` (a free or released lease, or the owner's own expired one),
+            `renew`, `release` or `takeover` (another owner's lease had expired).
+        at: when, by the archive's clock.
+    """
+
+    agent_id: str
+    owner: str
+    token: int
+    kind: LeaseKind
+    at: float

@@ -1,7 +1,9 @@
 """The archive's schema as ordered migrations.
 
 A file's schema version is the number of steps of `MIGRATIONS` applied to it;
-`SCHEMA_VERSION` is the newest. `migrate` applies the missing steps, each in its
+`SCHEMA_VERSION` is the newest. These are the SQLite steps; `pg_schema` holds the
+PostgreSQL ones, one per version here, so both backends number versions alike.
+`migrate` applies the missing steps, each in its
 own transaction together with its version bump. `TABLES` and `PAYLOAD_SQL` say
 which tables `Archive.stats` counts and how it sizes their payload.
 
@@ -140,7 +142,37 @@ def _v4_state_checkpoints(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints]
+def _v5_leases(db: Database) -> None:
+    """Version 5: agent leases with fencing tokens, and their log.
+
+    A lease row outlives its release and its agent (`token` must never be reused),
+    so it has no foreign key to `agents`.
+    """
+    db.executescript(
+        """
+        CREATE TABLE leases (
+            agent_id   TEXT PRIMARY KEY,
+            owner      TEXT,                -- NULL once released
+            token      INTEGER NOT NULL,    -- fencing token: +1 per new owner, never reused
+            expires_at REAL NOT NULL,
+            updated    REAL NOT NULL
+        );
+        CREATE TABLE lease_log (
+            id       INTEGER PRIMARY KEY,
+            agent_id TEXT NOT NULL,
+            owner    TEXT NOT NULL,
+            token    INTEGER NOT NULL,
+            kind     TEXT NOT NULL,         -- acquire | renew | release | takeover
+            at       REAL NOT NULL
+        );
+        CREATE INDEX lease_log_agent ON lease_log(agent_id, id);
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [
+    _v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints, _v5_leases,
+]
 """Schema steps in order; step `i` takes a file from version `i` to `i + 1`."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -148,6 +180,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 TABLES = (
     "agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks", "state_checkpoints",
+    "leases", "lease_log",
 )
 """Every table of the newest schema, in the order `Archive.stats` reports them."""
 
@@ -159,9 +192,11 @@ PAYLOAD_SQL = {
     "evicted_spans": "length(text)",
     "shared_blocks": "length(blob) + length(fingerprint)",
     "state_blocks": "length(layout)",
-    "state_checkpoints": "length(blob) + ifnull(length(layout), 0)",
+    "state_checkpoints": "length(blob) + coalesce(length(layout), 0)",
+    "leases": "length(agent_id) + coalesce(length(owner), 0)",
+    "lease_log": "length(agent_id) + length(owner) + length(kind)",
 }
-"""Per table, the SQL expression summing a row's stored payload bytes."""
+"""Per table, the SQL expression summing a row's stored payload bytes (valid SQL for both backends)."""
 
 
 def migrate(db: Database, path: str, version: int) -> None:

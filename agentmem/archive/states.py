@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentmem.archive.connection import (
-    ArchiveConnection,
+from agentmem.archive.core import ArchiveCore
+from agentmem.archive.records import BlobLike, Lease, StateInfo, StoredState
+from agentmem.archive.values import (
     _as_buffer,
     _check_agent_id,
     _check_count,
@@ -26,13 +26,12 @@ from agentmem.archive.connection import (
     _verify_checksum,
     checksum,
 )
-from agentmem.archive.records import BlobLike, StateInfo, StoredState
 from agentmem.errors import ArchiveError, CodecError, FingerprintMismatch
 
 __all__ = ["StatesMixin"]
 
 
-class StatesMixin(ArchiveConnection):
+class StatesMixin(ArchiveCore):
     """Reads and writes of KV states and checkpoints (part of `Archive`)."""
 
     def put_state(
@@ -46,6 +45,7 @@ class StatesMixin(ArchiveConnection):
         tier: str = "cold",
         block_id: str | None = None,
         layout: BlobLike | None = None,
+        fence: Lease | None = None,
     ) -> StateInfo:
         """Store (replace) the agent's KV state with its checksum, in one transaction.
 
@@ -63,9 +63,15 @@ class StatesMixin(ArchiveConnection):
             block_id: the shared block (see `put_shared_block`) the blob's
                 missing cells are in; the block's refcount counts this state.
             layout: with `block_id`, the order array that joins the two.
+            fence: write only while this lease of the agent is current (the
+                block reference it takes is part of the same fenced write).
 
         Returns:
             The stored metadata.
+
+        Raises:
+            ArchiveError: `block_id` names no stored block.
+            LeaseLostError: `fence` is no longer current (nothing written).
         """
         if (block_id is None) != (layout is None):
             raise TypeError("block_id and layout go together")
@@ -89,7 +95,7 @@ class StatesMixin(ArchiveConnection):
             fingerprint=fp,
             created=time.time(),
         )
-        with self._writing("put_state") as db:
+        with self._writing("put_state", fence=fence, agent_id=agent_id) as db:
             self._touch_agent(db, agent_id, info.created)
             db.execute(
                 "INSERT INTO states(agent_id, tier, codec, n_tokens, n_bytes, checksum, "
@@ -101,7 +107,10 @@ class StatesMixin(ArchiveConnection):
                 [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, fp_json, buf, info.created],
             )
             db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
-            if block_id is not None and db.execute("SELECT 1 FROM shared_blocks WHERE id = ?", [block_id]).fetchone() is None:
+            # the row lock keeps another replica's unref from dropping the block before our reference lands
+            if block_id is not None and db.execute(
+                f"SELECT 1 FROM shared_blocks WHERE id = ?{self._FOR_UPDATE}", [block_id]
+            ).fetchone() is None:
                 raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
             old = db.execute("SELECT block_id FROM state_blocks WHERE agent_id = ?", [agent_id]).fetchone()
             if block_id is not None and old is not None and old[0] == block_id:
@@ -160,10 +169,7 @@ class StatesMixin(ArchiveConnection):
                 ).fetchone()
         except ArchiveError as exc:
             cause = exc.__cause__
-            if isinstance(cause, sqlite3.DatabaseError) and getattr(cause, "sqlite_errorname", "") in (
-                "SQLITE_CORRUPT",
-                "SQLITE_NOTADB",
-            ):
+            if getattr(cause, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
                 raise CodecError(f"{self.path}: state of agent {agent_id!r} is unreadable: {cause}") from cause
             raise
         if row is None:
@@ -205,25 +211,32 @@ class StatesMixin(ArchiveConnection):
         detail = ", ".join(f"{k}: stored {stored.get(k)!r} != current {want.get(k)!r}" for k in keys[:6])
         raise FingerprintMismatch(f"{self.path}: state of agent {agent_id!r} belongs to another config ({detail})")
 
-    def delete_state(self, agent_id: str) -> bool:
-        """Delete the agent's state; returns whether there was one."""
+    def delete_state(self, agent_id: str, *, fence: Lease | None = None) -> bool:
+        """Delete the agent's state (fenced by `fence` when given); returns whether there was one."""
         _check_key("agent_id", agent_id)
-        with self._writing("delete_state") as db:
+        with self._writing("delete_state", fence=fence, agent_id=agent_id) as db:
             return db.execute("DELETE FROM states WHERE agent_id = ?", [agent_id]).rowcount > 0
 
     def put_checkpoint(
-        self, agent_id: str, blob: BlobLike, *, prompt_end: tuple[int, int], layout: BlobLike | None = None
+        self,
+        agent_id: str,
+        blob: BlobLike,
+        *,
+        prompt_end: tuple[int, int],
+        layout: BlobLike | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Store the sliding-window checkpoint of the agent's stored state (after `put_state`).
 
         `prompt_end` is `(history tokens, live tokens)` at the prompt end the
         checkpoint was taken at; `layout` the order array when the blob was cut
         against the state's own sliding-window cells. A new `put_state` drops it.
+        With `fence`, it is written only while that lease of the agent is current.
         """
         _check_key("agent_id", agent_id)
         buf = _as_buffer(blob)
         h, live = (_check_count("prompt_end", int(x)) for x in prompt_end)
-        with self._writing("put_checkpoint") as db:
+        with self._writing("put_checkpoint", fence=fence, agent_id=agent_id) as db:
             if db.execute("SELECT 1 FROM states WHERE agent_id = ?", [agent_id]).fetchone() is None:
                 raise ArchiveError(f"{self.path}: agent {agent_id!r} has no stored state to checkpoint")
             db.execute(

@@ -1,29 +1,78 @@
-"""The public `Archive`: one SQLite file with reads and writes by kind of data.
+"""The public archives: `Archive` (one SQLite file) and `PostgresArchive` (a shared database).
 
-`Archive` composes the per-kind mixins over `ArchiveConnection` and adds the
-maintenance calls (`stats`, `checkpoint`, `vacuum`).
+`ArchiveBase` composes the per-kind mixins (agents, states, events, blocks,
+leases), written once against the backend-neutral core; `Archive` puts it over
+the SQLite connection and `PostgresArchive` over the PostgreSQL one, each adding
+its maintenance calls (`stats`, `checkpoint`, `vacuum`). `open_archive` picks
+the backend from its target: a `postgresql://` URL or a file path.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from agentmem.archive import schema
 from agentmem.archive.agents import AgentsMixin
 from agentmem.archive.blocks import BlocksMixin
-from agentmem.archive.connection import _file_size
+from agentmem.archive.connection import ArchiveConnection, _file_size
 from agentmem.archive.events import EventsMixin
+from agentmem.archive.leases import LeasesMixin
+from agentmem.archive.postgres import PostgresConnection, is_postgres_url
 from agentmem.archive.records import ArchiveStats, TableStats, VacuumResult
 from agentmem.archive.states import StatesMixin
 from agentmem.errors import ArchiveError
 
-__all__ = ["Archive"]
+__all__ = ["Archive", "ArchiveBase", "PostgresArchive", "open_archive"]
 
 logger = logging.getLogger(__name__)
 
 
-class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
+class ArchiveBase(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin, LeasesMixin):
+    """The archive API both backends implement (use it in type hints); see `Archive` for the methods."""
+
+    def stats(self) -> ArchiveStats:  # pragma: no cover - each backend overrides it
+        """Sizes and row counts."""
+        raise NotImplementedError
+
+    def checkpoint(self) -> None:  # pragma: no cover
+        """Flush what the backend buffers (SQLite: the WAL)."""
+        raise NotImplementedError
+
+    def vacuum(self) -> VacuumResult:  # pragma: no cover
+        """Return free space to the OS."""
+        raise NotImplementedError
+
+    def _table_stats(self, db: Any) -> dict[str, TableStats]:
+        tables = {}
+        for name in schema.TABLES:
+            rows, payload = db.execute(
+                f"SELECT count(*), coalesce(sum({schema.PAYLOAD_SQL[name]}), 0) FROM {name}"
+            ).fetchone()
+            tables[name] = TableStats(rows=int(rows), payload_bytes=int(payload))
+        return tables
+
+
+def open_archive(target: str | os.PathLike[str], **options: Any) -> ArchiveBase:
+    """The archive at `target`: `PostgresArchive` for a `postgresql://` URL, else the SQLite `Archive`.
+
+    Args:
+        target: a `postgresql://user:password@host/db` URL, or a file path
+            (`":memory:"` for a throwaway SQLite archive).
+        options: keyword arguments of the chosen class (`readonly=True`, ...).
+
+    Examples:
+        >>> with open_archive(":memory:") as arc:
+        ...     type(arc).__name__
+        'Archive'
+    """
+    if is_postgres_url(target):
+        return PostgresArchive(str(target), **options)
+    return Archive(target, **options)
+
+
+class Archive(ArchiveBase, ArchiveConnection):
     """A SQLite file holding agents, ledgers, KV states, events and evicted text.
 
     The archive opens (creating or migrating the file) in the constructor and
@@ -45,8 +94,13 @@ class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
     * shared blocks (`BlocksMixin`): `put_shared_block`, `get_shared_block`,
       `has_shared_block`, `list_shared_blocks`, `incref_shared_block`,
       `decref_shared_block`, `state_blocks`, `gc_shared_blocks`;
+    * leases (`LeasesMixin`): `acquire_lease`, `renew_lease`, `release_lease`,
+      `current_lease`, `lease_log`; every agent-scoped write takes `fence=lease`;
     * the file (`ArchiveConnection` and here): `transaction`, `close`, `stats`,
       `checkpoint`, `vacuum`.
+
+    One writer per file: two replicas cannot share one SQLite archive (use
+    `PostgresArchive`); leases here serve parity and single-host tests.
 
     Args:
         path: database file, created if missing; `":memory:"` for a throwaway
@@ -88,12 +142,7 @@ class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
         """Sizes and row counts; cheap (blob lengths come from record headers)."""
         with self._reading("stats") as db:
             conn = self._require_conn()
-            tables = {}
-            for name in schema.TABLES:
-                rows, payload = db.execute(
-                    f"SELECT count(*), coalesce(sum({schema.PAYLOAD_SQL[name]}), 0) FROM {name}"
-                ).fetchone()
-                tables[name] = TableStats(rows=rows, payload_bytes=payload)
+            tables = self._table_stats(db)
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             page_count = conn.execute("PRAGMA page_count").fetchone()[0]
             freelist = conn.execute("PRAGMA freelist_count").fetchone()[0]
@@ -136,5 +185,73 @@ class Archive(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin):
             if not self._memory:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             after = self._disk_bytes()[0]
+        logger.info("%s: vacuum %d -> %d bytes", self.path, before, after)
+        return VacuumResult(bytes_before=before, bytes_after=after)
+
+
+class PostgresArchive(ArchiveBase, PostgresConnection):
+    """The archive in a PostgreSQL database, shared by every replica that opens it.
+
+    Same methods and semantics as `Archive` (agents, ledgers, checksummed and
+    fingerprinted states, checkpoints, shared blocks with exact refcounts,
+    events, evicted-text recall, leases and fencing), over psycopg 3. Many
+    processes may open one database; `acquire_lease` decides which of them
+    writes an agent, and `fence=lease` makes a replica that lost it unable to
+    commit. Full-text recall uses a generated `tsvector` (English stemming,
+    `ts_rank`) instead of FTS5.
+
+    Args:
+        url: `postgresql://user:password@host:port/database`; libpq parameters
+            go in the query (`?sslmode=require`, `?options=-csearch_path%3Dagents`
+            for a schema other than `public`). Never logged with its password.
+        readonly: refuse writes and never migrate.
+        connect_timeout_s: how long connecting may take.
+        application_name: what `pg_stat_activity` shows for the connection.
+
+    Raises:
+        ArchiveError: cannot connect, the schema holds another application's
+            tables or a newer schema version, or psycopg is not installed.
+    """
+
+    def _relation_bytes(self, db: Any) -> int:
+        names = list(schema.TABLES) + ["meta"]
+        row = db.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relname = ANY(?)",
+            [names],
+        ).fetchone()
+        return int(row[0])
+
+    def stats(self) -> ArchiveStats:
+        """Row counts and payload per table; `file_bytes` is the tables' size with indexes and TOAST."""
+        with self._reading("stats") as db:
+            tables = self._table_stats(db)
+            page_size = int(db.execute("SELECT current_setting('block_size')::int").fetchone()[0])
+            total = self._relation_bytes(db)
+        return ArchiveStats(
+            path=self.path, schema_version=self._schema_version, file_bytes=total, wal_bytes=0,
+            page_size=page_size, page_count=total // page_size, freelist_pages=0, fts=True, tables=tables,
+        )
+
+    def checkpoint(self) -> None:
+        """Nothing to do: the server manages its WAL (a `CHECKPOINT` needs superuser rights)."""
+        with self._reading("checkpoint"):
+            return
+
+    def vacuum(self) -> VacuumResult:
+        """`VACUUM FULL` the archive's tables, returning their free space to the OS.
+
+        It locks each table exclusively while it is rewritten: run it when the
+        replicas are quiet. Not allowed inside `transaction`.
+        """
+        with self._reading("vacuum") as db:
+            if self.readonly:
+                raise ArchiveError(f"{self.path}: opened readonly; cannot vacuum")
+            if self._tx_depth:
+                raise ArchiveError(f"{self.path}: cannot vacuum inside a transaction")
+            before = self._relation_bytes(db)
+            for name in schema.TABLES:
+                db.execute(f"VACUUM FULL {name}")
+            after = self._relation_bytes(db)
         logger.info("%s: vacuum %d -> %d bytes", self.path, before, after)
         return VacuumResult(bytes_before=before, bytes_after=after)

@@ -598,9 +598,9 @@ def test_archive_package_exports_are_pinned() -> None:
 
     assert sorted(agentmem.archive.__all__) == sorted(
         [
-            "MIGRATIONS", "SCHEMA_VERSION", "AgentRecord", "Archive", "ArchiveStats", "EventRecord", "EvictedSpan",
-            "LedgerRecord", "SharedBlock", "SharedBlockInfo", "StateInfo", "StoredState", "TableStats",
-            "VacuumResult", "checksum",
+            "MIGRATIONS", "SCHEMA_VERSION", "AgentRecord", "Archive", "ArchiveBase", "ArchiveStats", "EventRecord",
+            "EvictedSpan", "Lease", "LeaseEvent", "LedgerRecord", "PostgresArchive", "SharedBlock",
+            "SharedBlockInfo", "StateInfo", "StoredState", "TableStats", "VacuumResult", "checksum", "open_archive",
         ]
     )
     assert all(hasattr(agentmem.archive, name) for name in agentmem.archive.__all__)

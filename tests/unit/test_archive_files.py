@@ -135,7 +135,7 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _make_v1(path)
     with Archive(path) as a:
-        assert a.schema_version == SCHEMA_VERSION == 4
+        assert a.schema_version == SCHEMA_VERSION == 5
         assert {"state_blocks", "state_checkpoints"} <= set(a._db.table_names())  # type: ignore[union-attr]
         names = {ix.name for ix in a._db["events"].indexes}  # type: ignore[index,union-attr]
         assert {"events_agent", "events_ts"} <= names
@@ -144,13 +144,13 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
         assert a.get_agent("old").priority == 2 and a.events("old")[0].kind == "park"
         assert a.fts_enabled
     version = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    assert version == ("4",)
+    assert version == ("5",)
 
 
 def test_readonly_does_not_migrate(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _make_v1(path)
-    with pytest.raises(ArchiveError, match="version 1 needs migrating to version 4"):
+    with pytest.raises(ArchiveError, match="version 1 needs migrating to version 5"):
         Archive(path, readonly=True)
 
 
@@ -158,17 +158,17 @@ def test_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch) ->
     path = tmp_path / "a.db"
     Archive(path).close()
 
-    def _v5_broken(db: Database) -> None:
+    def _v6_broken(db: Database) -> None:
         db.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(archive_mod, "MIGRATIONS", [*MIGRATIONS, _v5_broken])
-    monkeypatch.setattr(archive_mod, "SCHEMA_VERSION", 5)
-    with pytest.raises(ArchiveError, match=r"migration _v5_broken \(version 4 -> 5\) failed: disk on fire"):
+    monkeypatch.setattr(archive_mod, "MIGRATIONS", [*MIGRATIONS, _v6_broken])
+    monkeypatch.setattr(archive_mod, "SCHEMA_VERSION", 6)
+    with pytest.raises(ArchiveError, match=r"migration _v6_broken \(version 5 -> 6\) failed: disk on fire"):
         Archive(path)
     monkeypatch.undo()
     with Archive(path) as a:
-        assert a.schema_version == 4
+        assert a.schema_version == 5
         assert "half_done" not in a._db.table_names()  # type: ignore[union-attr]
 
 
