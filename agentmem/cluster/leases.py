@@ -96,13 +96,16 @@ class LeaseKeeper:
     def claim(self, agent_id: str) -> bool:
         """Hold `agent_id`'s lease for a call (pair with `done`); returns whether the local copy is stale.
 
+        The copy is stale when another replica held the agent since this one last
+        did (the lease log shows another owner between the two tokens).
+
         Raises:
             LeaseHeldError: another replica still holds it after `wait_s`
                 (`expires_in_s` says when to retry).
         """
         with self._lock:
             h = self._held.get(agent_id)
-            if h is not None and self.clock() < h.valid_until:
+            if h is not None and (self.clock() < h.valid_until or self._renew(agent_id, h)):
                 h.active += 1
                 h.last_used = self.clock()
                 return False
@@ -120,12 +123,39 @@ class LeaseKeeper:
                 self.sleep(min(max(left, 0.05), 0.25))
         with self._lock:
             self.counts["acquired"] += 1
-            stale = self._last_token.get(agent_id) != lease.token
+            stale = self._served_elsewhere(agent_id, lease.token)
             self._last_token[agent_id] = lease.token
             self._held[agent_id] = _Held(lease, t0 + self.ttl_s - self.margin_s, self.clock(), active=1)
             if stale:
                 self.counts["stale_reloads"] += 1
             return stale
+
+    def _renew(self, agent_id: str, h: _Held) -> bool:
+        """Renew `h` at its token (it may have lapsed with nobody taking it); False, forgetting it, if it is lost."""
+        t0 = self.clock()
+        try:
+            h.lease = self.store.renew_lease(h.lease, ttl_s=self.ttl_s)
+        except LeaseLostError:
+            self._drop(agent_id)
+            return False
+        h.valid_until = t0 + self.ttl_s - self.margin_s
+        self.counts["renewed"] += 1
+        return True
+
+    def _served_elsewhere(self, agent_id: str, token: Any) -> bool:
+        """Whether another owner may have held `agent_id` between this replica's last token and `token`."""
+        last = self._last_token.get(agent_id)
+        if last is None:
+            return True  # no local copy to trust
+        if token == last:
+            return False
+        log = getattr(self.store, "lease_log", None)
+        if log is None:
+            return True
+        events = log(agent_id, limit=64)
+        if not events or events[0].token > last:
+            return True  # the log window does not reach back to our token
+        return any(e.owner != self.owner for e in events if last < e.token <= token)
 
     def done(self, agent_id: str) -> None:
         """A call that `claim`ed `agent_id` ended."""
@@ -138,48 +168,44 @@ class LeaseKeeper:
     def fence(self, agent_id: str) -> Any:
         """The lease an archive write of `agent_id` must carry (called under the pool's lock).
 
-        An agent whose lease was released when idle, or ran out (its local copy
-        kept), is written only when its lease is free again at the token this replica
-        last held (the store renews it then):
-        then no other replica served it meanwhile and the local copy is current.
+        A lease that ran out with nobody taking it over is renewed at its token; an
+        agent whose lease was released when idle (its local copy kept) is written
+        only if its lease is free and no other replica held it since this one did
+        (the lease log shows no other owner): then the local copy is current.
 
         Raises:
             LeaseLostError: this replica does not hold it and cannot take it back
                 at its last token.
         """
         h = self._held.get(agent_id)
-        if h is not None and self.clock() < h.valid_until:
+        if h is not None and (self.clock() < h.valid_until or self._renew(agent_id, h)):
             return h.lease
-        last = self._last_token.get(agent_id)
         try:
             lease = self.store.acquire_lease(agent_id, owner=self.owner, ttl_s=self.ttl_s)
         except LeaseHeldError as exc:
-            self._drop(agent_id)
             raise LeaseLostError(f"agent {agent_id!r} is leased to {exc.owner!r}; replica {self.owner!r} must not "
                                  "write it") from exc
-        if last is None or lease.token != last:
-            self._drop(agent_id)
+        if self._served_elsewhere(agent_id, lease.token):
             self._release(agent_id, _Held(lease, 0.0, 0.0))
-            raise LeaseLostError(f"agent {agent_id!r} was served elsewhere since replica {self.owner!r} held it "
-                                 f"(token {last} -> {lease.token}); its local copy must not be written")
-        now = self.clock()
+            raise LeaseLostError(f"agent {agent_id!r} was served elsewhere since replica {self.owner!r} last held it "
+                                 f"(token {self._last_token.get(agent_id)} -> {lease.token}); its local copy must "
+                                 "not be written")
         # no keeper lock here (the pool's lock is held, and the renewal thread may hold the
         # keeper's while it waits for the pool's): single dict operations only
-        if h is not None and self._held.get(agent_id) is h:
-            h.lease, h.valid_until = lease, now + self.ttl_s - self.margin_s
-        else:
-            self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
+        now = self.clock()
+        self._last_token[agent_id] = lease.token
+        self._held.setdefault(agent_id, _Held(lease, now + self.ttl_s - self.margin_s, now))
         return lease
 
     def _drop(self, agent_id: str) -> None:
         if self._held.pop(agent_id, None) is not None:
             self.counts["lost"] += 1
-            logger.warning("replica %s lost the lease of agent %r", self.owner, agent_id)
 
     def lost(self, agent_id: str) -> None:
         """Forget `agent_id`'s lease after the archive refused it (`LeaseLostError`)."""
         with self._lock:
             self._drop(agent_id)
+        logger.warning("replica %s lost the lease of agent %r", self.owner, agent_id)
 
     def release(self, agent_id: str) -> None:
         """Give `agent_id`'s lease up now (parked to the archive, forgotten)."""
@@ -210,11 +236,8 @@ class LeaseKeeper:
                     self._release_idle(agent_id, h)
                     continue
                 try:
-                    h.lease = self.store.renew_lease(h.lease, ttl_s=self.ttl_s)
-                    h.valid_until = now + self.ttl_s - self.margin_s
-                    self.counts["renewed"] += 1
-                except LeaseLostError:
-                    self.lost(agent_id)
+                    if not self._renew(agent_id, h):
+                        logger.warning("replica %s lost the lease of agent %r", self.owner, agent_id)
                 except LeaseError as exc:  # the archive is unreachable: keep trying until it runs out
                     logger.warning("could not renew the lease of agent %r: %s", agent_id, exc)
 

@@ -1,9 +1,9 @@
 """`LocalLeaseStore`: agent leases kept in one process's memory, with the shared archive's semantics.
 
 For unit tests of lease logic and for a single replica without a shared archive:
-the token strictly increases when a new owner takes a lease, the same owner
-renews its own (even expired, as long as nobody took it), an expired lease may be
-taken over by another owner, and every change is logged
+a free, released or expired lease goes to whoever asks with `token + 1`, the
+holder asking again renews and keeps its token, `renew_lease` and fenced writes
+need the lease to still be the current one (an expired lease nobody took over is), and every change is logged
 (`lease_log`), as `Archive` does in PostgreSQL. It cannot coordinate two
 processes: use a shared archive (`--archive-url postgresql://…`) for that.
 
@@ -67,14 +67,15 @@ class LocalLeaseStore:
         with self._lock:
             now = self.clock()
             cur = self._leases.get(agent_id)
-            if cur is not None and cur.owner == owner:  # its own lease, even expired: nobody took it since
+            live = cur is not None and cur.expires_at > now
+            if live and cur.owner != owner:
+                raise LeaseHeldError(f"agent {agent_id!r} is leased to {cur.owner!r} for {cur.expires_at - now:.1f} s more",
+                                     agent_id=agent_id, owner=cur.owner, expires_in_s=cur.expires_at - now)
+            if live:
                 new = replace(cur, expires_at=now + ttl_s)
                 self._leases[agent_id] = new
                 self._note(new, "renew")
                 return new
-            if cur is not None and cur.expires_at > now:
-                raise LeaseHeldError(f"agent {agent_id!r} is leased to {cur.owner!r} for {cur.expires_at - now:.1f} s more",
-                                     agent_id=agent_id, owner=cur.owner, expires_in_s=cur.expires_at - now)
             token = self._tokens.get(agent_id, 0) + 1
             self._tokens[agent_id] = token
             new = LocalLease(agent_id, owner, token, now + ttl_s)
@@ -108,11 +109,11 @@ class LocalLeaseStore:
             return out[-limit:] if limit else out
 
     def check(self, fence: LocalLease) -> None:
-        """Raise `LeaseLostError` unless `fence` is the agent's current, unexpired lease."""
+        """Raise `LeaseLostError` unless `fence` is the agent's current lease (expired but not taken over counts)."""
         with self._lock:
             self._check(fence)
 
     def _check(self, lease: LocalLease) -> None:
         cur = self._leases.get(lease.agent_id)
-        if cur is None or cur.token != lease.token or cur.owner != lease.owner or cur.expires_at <= self.clock():
+        if cur is None or cur.token != lease.token or cur.owner != lease.owner:
             raise LeaseLostError(f"the lease of agent {lease.agent_id!r} (token {lease.token}) is no longer current")

@@ -9,6 +9,7 @@ import pytest
 from agentmem.cluster import LeaseKeeper, LocalLeaseStore
 from agentmem.cluster.audit import lease_intervals, overlaps
 from agentmem.errors import ConfigError, LeaseHeldError, LeaseLostError
+from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: F401 - the real PostgreSQL
 
 
 class Clock:
@@ -92,9 +93,8 @@ def test_same_token_after_an_idle_release_keeps_the_local_copy(store: LocalLease
     clock.t += 2
     a.tick()
     assert a.held() == [] and store.lease_log("x")[-1].kind == "release"
-    claimed = a.claim("x")
-    # the store hands a new token to an acquire after a release; either way the answer is safe:
-    assert claimed is (a.fence("x").token != 1)
+    assert a.claim("x") is False, "a new token, but the log shows nobody else held x: the local copy is current"
+    assert a.fence("x").token == 2
 
 
 def test_renewal_keeps_a_used_lease_and_loss_is_noticed(store: LocalLeaseStore, clock: Clock) -> None:
@@ -111,17 +111,25 @@ def test_renewal_keeps_a_used_lease_and_loss_is_noticed(store: LocalLeaseStore, 
     assert "x" not in a.held() and a.counts["lost"] == 1
 
 
-def test_fence_takes_a_free_lease_back_only_at_the_last_token(store: LocalLeaseStore, clock: Clock) -> None:
+def test_fence_renews_a_lapsed_lease_and_refuses_after_another_owner(store: LocalLeaseStore, clock: Clock) -> None:
     a, b = keeper(store, clock, "a", idle_s=1), keeper(store, clock, "b")
     with pytest.raises(LeaseLostError):
         a.fence("never-claimed")
     assert store.current_lease("never-claimed") is None, "a refused fence does not keep the lease"
     a.claim("x")
     a.done("x")
-    clock.t += 11  # expired, not released, nobody else took it
+    clock.t += 11  # lapsed locally and in the store, nobody took it: renewed at its token
     assert a.fence("x").token == 1 and store.current_lease("x").owner == "a"
+    # x idle on a, released; b serves it; a's budget would now demote its stale copy: refused
+    clock.t += 2
+    a.tick()
+    assert b.claim("x") is True
+    b.done("x")
+    b.release("x")
+    with pytest.raises(LeaseLostError, match="served elsewhere"):
+        a.fence("x")
+    assert store.current_lease("x") is None, "the lease taken to check is given back"
     b.claim("y")
-    a.claim("y2")
     with pytest.raises(LeaseLostError):
         a.fence("y")  # b holds it
 
@@ -178,3 +186,37 @@ def test_audit_finds_two_owners_at_once_and_accepts_a_clean_handover(store: Loca
     forged = [E(agent_id="x", owner="a", token=1, kind="acquire", at=0.0),
               E(agent_id="x", owner="b", token=2, kind="takeover", at=5.0)]
     assert len(overlaps(lease_intervals(forged, ttl_s=10))) == 1
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def archive(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untyped-def]
+    """The real archive backends (PostgreSQL from the test fixture)."""
+    from agentmem.archive import open_archive
+
+    target = str(tmp_path / "a.db") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    with open_archive(target) as arc:
+        yield arc
+
+
+def test_the_keeper_over_the_real_archives(archive) -> None:  # type: ignore[no-untyped-def]
+    """The same rules hold against the archive's own leases (its clock, its tokens, its log)."""
+    a = LeaseKeeper(archive, owner="a", ttl_s=5, idle_s=60)
+    b = LeaseKeeper(archive, owner="b", ttl_s=5, wait_s=0.3)
+    assert a.claim("x") is True
+    with pytest.raises(LeaseHeldError) as err:
+        b.claim("x")
+    assert err.value.owner == "a"
+    a.done("x")
+    a.release("x")
+    assert b.claim("x") is True
+    b.done("x")
+    b.release("x")
+    with pytest.raises(LeaseLostError, match="served elsewhere"):
+        a.fence("x")
+    assert a.claim("x") is True, "b served x since: a's copy is stale"
+    a.done("x")
+    a.close()
+    b.close()
+    intervals = lease_intervals(archive.lease_log("x"), ttl_s=5)
+    # a, b, the lease a took to check its fence (and gave back), a again
+    assert [i.owner for i in intervals] == ["a", "b", "a", "a"] and overlaps(intervals) == []
