@@ -6,6 +6,10 @@ Fixtures:
         sequence state blobs hold a base and an SWA cache section (session scope).
     tiny_qwen2_path: a 2-layer ``qwen2`` GGUF (q/k/v biases, no sliding window) with
         Qwen2.5's real jinja chat template, tools included (session scope).
+    postgres_server, postgres_url: a real PostgreSQL server for the session and an
+        empty schema per test (``tests/fixtures/postgres.py``).
+    backend, archive_target, arc: an archive test run over SQLite and PostgreSQL
+        (``tests/fixtures/archives.py``).
 
 All are built once per session into a pytest temporary directory, in milliseconds.
 """
@@ -24,6 +28,8 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(_REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(_REPO_ROOT))
 
+from tests.fixtures.archives import arc, archive_target, backend  # noqa: E402,F401 - the archive contract fixtures
+from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,F401 - a real PostgreSQL server
 from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
 
 _MARKERS: dict[str, str] = {

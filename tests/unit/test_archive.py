@@ -1,4 +1,10 @@
-"""Unit tests of the SQLite archive's API (agentmem.archive)."""
+"""Contract tests of the archive's API (agentmem.archive), run over SQLite and PostgreSQL.
+
+`arc` (tests/fixtures/archives.py) is a fresh archive of each backend; the
+PostgreSQL one lives on a real server the session starts. Tests of what only one
+backend has (SQLite pragmas, FTS5 and its LIKE fallback, values only SQLite's
+untyped columns hold) use `sqlite_arc` or build their archive themselves.
+"""
 
 from __future__ import annotations
 
@@ -12,28 +18,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive, checksum
+from agentmem.archive import MIGRATIONS, SCHEMA_VERSION, Archive, PostgresArchive, checksum, open_archive
 from agentmem.archive import connection as archive_mod
 from agentmem.errors import AgentMemError, ArchiveError, CodecError, ConfigError, FingerprintMismatch, StateError
+from tests.fixtures.archives import raw_connection
 
 FP = {"model": "gemma-3-270m-q4_k_m", "type_k": "f16", "type_v": "f16", "swa_full": True}
 
 
 @pytest.fixture
-def arc(tmp_path: Path):
+def sqlite_arc(tmp_path: Path):
+    """A SQLite archive, for the tests of what only that backend has."""
     with Archive(tmp_path / "agents.db") as archive:
         yield archive
 
 
-def _raw(archive: Archive) -> sqlite3.Connection:
-    """A second, independent connection for tampering with the file."""
-    return sqlite3.connect(archive.path, isolation_level=None)
+def _raw(archive: Archive):
+    """A second, independent connection for tampering with the database (`?` placeholders)."""
+    return raw_connection(archive)
 
 
 # ------------------------------------------------------------------ opening
 
 
-def test_fresh_archive_has_current_schema_and_pragmas(arc: Archive) -> None:
+def test_fresh_archive_has_current_schema_and_pragmas(sqlite_arc: Archive) -> None:
+    arc = sqlite_arc
     assert arc.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
     conn = arc._conn
     assert conn is not None
@@ -60,15 +69,15 @@ def test_memory_archive_works_without_file() -> None:
         assert a.stats().file_bytes > 0
 
 
-def test_close_is_idempotent_and_later_calls_fail(tmp_path: Path) -> None:
-    a = Archive(tmp_path / "a.db")
+def test_close_is_idempotent_and_later_calls_fail(archive_target: str) -> None:
+    a = open_archive(archive_target)
     a.close()
     a.close()
     assert a.closed
     with pytest.raises(ArchiveError, match="closed"):
         a.list_agents()
     # the lock went with it
-    Archive(tmp_path / "a.db").close()
+    open_archive(archive_target).close()
 
 
 # ------------------------------------------------------------------ agents
@@ -256,6 +265,12 @@ def test_truncated_blob_is_detected(arc: Archive) -> None:
     _raw(arc).execute("UPDATE states SET blob = substr(blob, 1, 2500)")
     with pytest.raises(CodecError, match="truncated: 2500 bytes stored, 5000 expected"):
         arc.get_state("a")
+
+
+def test_a_text_blob_is_detected(sqlite_arc: Archive) -> None:
+    """SQLite only: its untyped columns can hold text where a blob belongs (bytea cannot)."""
+    arc = sqlite_arc
+    arc.put_state("a", b"k" * 5000, codec="f16", n_tokens=10, fingerprint=FP)
     _raw(arc).execute("UPDATE states SET blob = 'text'")
     with pytest.raises(CodecError, match="holds str"):
         arc.get_state("a")
@@ -347,10 +362,12 @@ def test_delete_agent_cascades(arc: Archive) -> None:
     assert arc.get_agent("a") is None and arc.get_ledger("a") is None and arc.get_state("a") is None
     assert arc.events("a") == [] and arc.list_evicted("a") == []
     conn = _raw(arc)
-    # the FTS index lost the row too (its trigger fired on the cascade)
-    assert (
-        conn.execute("SELECT count(*) FROM evicted_spans_fts WHERE evicted_spans_fts MATCH 'zebra'").fetchone()[0] == 1
-    )
+    if isinstance(arc, PostgresArchive):  # the tsvector is a column of the row itself: gone with it
+        assert conn.execute("SELECT count(*) FROM evicted_spans WHERE tsv @@ plainto_tsquery('english', 'zebra')").fetchone()[0] == 1
+    else:  # the FTS index lost the row too (its trigger fired on the cascade)
+        assert (
+            conn.execute("SELECT count(*) FROM evicted_spans_fts WHERE evicted_spans_fts MATCH 'zebra'").fetchone()[0] == 1
+        )
     assert [s.agent_id for s in arc.search_evicted(None, "zebra")] == ["b"]
     assert len(arc.events("b")) == 1
 
@@ -516,8 +533,9 @@ def test_shared_block_refcounts(arc: Archive) -> None:
     arc.incref_shared_block("keep")
     assert arc.gc_shared_blocks() == 1
     assert [b.block_id for b in arc.list_shared_blocks()] == ["keep"]
-    with pytest.raises(sqlite3.IntegrityError):  # the schema itself forbids negatives
-        _raw(arc).execute("UPDATE shared_blocks SET refcount = -1")
+    raw = _raw(arc)
+    with pytest.raises(raw.IntegrityError):  # the schema itself forbids negatives
+        raw.execute("UPDATE shared_blocks SET refcount = -1")
 
 
 def test_corrupt_shared_block_is_detected(arc: Archive) -> None:
@@ -525,6 +543,12 @@ def test_corrupt_shared_block_is_detected(arc: Archive) -> None:
     _raw(arc).execute("UPDATE shared_blocks SET blob = ?", [b"shared-kw"])
     with pytest.raises(CodecError, match="shared block 'sys' is corrupt: checksum"):
         arc.get_shared_block("sys")
+
+
+def test_a_text_shared_block_is_detected(sqlite_arc: Archive) -> None:
+    """SQLite only: text where a blob belongs (bytea cannot hold it)."""
+    arc = sqlite_arc
+    arc.put_shared_block("sys", b"shared-kv", n_tokens=9, fingerprint=FP)
     _raw(arc).execute("UPDATE shared_blocks SET blob = 'text, not a blob'")
     with pytest.raises(CodecError, match="holds str"):
         arc.get_shared_block("sys")
@@ -552,17 +576,16 @@ def test_stats_and_vacuum(arc: Archive) -> None:
         arc.vacuum()
 
 
-def test_sqlite_errors_become_archive_errors(arc: Archive) -> None:
+def test_sqlite_errors_become_archive_errors(sqlite_arc: Archive) -> None:
+    arc = sqlite_arc
     arc._conn.execute("DROP TABLE events")  # type: ignore[union-attr]
     with pytest.raises(ArchiveError, match=r"agents\.db: log_event failed: no such table"):
         arc.log_event("a", "x")
     assert isinstance(ArchiveError("x"), AgentMemError)
 
 
-def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None:
-    from agentmem.errors import ArchiveError
-
-    with Archive(":memory:") as a:
+def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept(arc: Archive) -> None:
+    with arc as a:
         a.put_state("x", b"old", codec="f16", n_tokens=1, fingerprint={})
         with pytest.raises(ArchiveError, match="no shared block 'nope'"):
             a.put_state("x", b"new", codec="f16", n_tokens=2, fingerprint={}, block_id="nope", layout=b"\0" * 4)
@@ -577,7 +600,7 @@ def test_state_with_an_unknown_block_is_refused_and_the_old_state_kept() -> None
         assert a.list_shared_blocks() == [] and a.get_checkpoint("x") is None
 
 
-def test_restoring_a_state_on_the_same_block_keeps_the_block() -> None:
+def test_restoring_a_state_on_the_same_block_keeps_the_block(arc: Archive) -> None:
     """Bug: re-storing a state that references the same shared block deleted the old
     reference first; the unref trigger dropped the block (refcount 0) and the new state was
     refused with "no shared block" — a second checkpoint of a share agent failed."""
