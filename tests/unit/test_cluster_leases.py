@@ -9,7 +9,6 @@ import pytest
 from agentmem.cluster import LeaseKeeper, LocalLeaseStore
 from agentmem.cluster.audit import lease_intervals, overlaps
 from agentmem.errors import ConfigError, LeaseHeldError, LeaseLostError
-from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: F401 - the real PostgreSQL
 
 
 class Clock:
