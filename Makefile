@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/team_demo.py
 
 test: $(STAMP)
+	bash scripts/install_nginx.sh
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from agentmem.cluster.leases import LeaseKeeper
 from agentmem.cluster.pool import ClusterPool
 from agentmem.errors import ConfigError, LeaseLostError
 
-__all__ = ["CLUSTER_DURABILITY", "Replica"]
+__all__ = ["CLUSTER_DURABILITY", "Replica", "ReplicaHeader"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +104,22 @@ class Replica:
     def close(self) -> None:
         """Stop renewing and release every lease (after the pool closed, having stored its agents)."""
         self.keeper.close()
+
+
+class ReplicaHeader:
+    """ASGI middleware: every answer carries `X-Agentmem-Replica: <replica id>` (which replica served it)."""
+
+    def __init__(self, app: Any, *, replica_id: str) -> None:
+        self.app, self.header = app, (b"x-agentmem-replica", replica_id.encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)

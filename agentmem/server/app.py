@@ -197,6 +197,10 @@ def create_app(
             raise ApiError(403, "metrics need an admin key", code="forbidden")
         return Response(await asyncio.to_thread(e.metrics.render), media_type=CONTENT_TYPE)
 
+    if replica is not None:
+        from agentmem.cluster.replica import ReplicaHeader
+
+        app.add_middleware(ReplicaHeader, replica_id=replica.owner)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(_CountRequests, owner=app)  # outermost: counts the 413s too
     return app
