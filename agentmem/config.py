@@ -52,6 +52,10 @@ class PoolConfig:
         seed: default sampling seed.
         archive_path: SQLite file for the COLD tier and durability (`None` = RAM only).
             A new pool on the same file resumes every agent.
+        archive_url: a `postgresql://user:password@host/db` URL instead of `archive_path`:
+            the archive in a PostgreSQL database several pools (replicas) may share
+            (needs `agentmem[postgres]`). A secret: left out of `repr` and never logged
+            with its password. At most one of `archive_path` and `archive_url`.
         warm_budget_bytes: RAM for parked states (`0` = unlimited); above the high
             watermark the placement policy demotes states to COLD (or drops them
             without an archive) until below the low watermark.
@@ -99,6 +103,7 @@ class PoolConfig:
     park_rotate: bool = False
     seed: int = 0
     archive_path: str | None = None
+    archive_url: str | None = dataclasses.field(default=None, repr=False)
     warm_budget_bytes: int = 0
     cold_budget_bytes: int = 0
     watermark_high: float = 0.9
@@ -142,6 +147,13 @@ class PoolConfig:
             raise ConfigError(f"eviction_block must be >= 1, got {self.eviction_block}")
         if self.agent_budget_tokens > self.n_ctx:
             raise ConfigError(f"agent_budget_tokens ({self.agent_budget_tokens}) must be <= n_ctx ({self.n_ctx})")
+        if self.archive_url is not None:
+            if self.archive_path:
+                raise ConfigError("give archive_path (a SQLite file) or archive_url (PostgreSQL), not both")
+            if not isinstance(self.archive_url, str) or not self.archive_url.lower().startswith(
+                ("postgresql://", "postgres://")
+            ):
+                raise ConfigError("archive_url must be a postgresql:// URL")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from agentmem.archive import Archive
+from agentmem.archive import Archive, ArchiveBase, open_archive
 from agentmem.config import PoolConfig
 from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
@@ -42,7 +42,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
         PolicyError: an unknown placement or eviction policy, or codec.
         EngineError: llama.cpp refused the model or the context parameters.
         ChatTemplateError: the GGUF's chat template cannot be compiled.
-        ArchiveError: the archive file cannot be opened.
+        ArchiveError: the archive (file or PostgreSQL URL) cannot be opened.
     """
     model_path = resolve_model_path(cfg.model_path)
     # validate names before loading anything heavy
@@ -54,7 +54,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
         make_park_codec(spec, rotate=cfg.park_rotate)
     model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
     ctx: LlamaContext | None = None
-    archive: Archive | None = None
+    archive: ArchiveBase | None = None
     try:
         ctx = LlamaContext(
             model,
@@ -82,8 +82,8 @@ def open_core(cfg: PoolConfig) -> PoolCore:
             "kv_unified": True,
             "llama": llama_build_info(),
         }
-        if cfg.archive_path:
-            archive = Archive(cfg.archive_path)
+        if cfg.archive_url or cfg.archive_path:  # a shared PostgreSQL database, or a SQLite file
+            archive = open_archive(cfg.archive_url or cfg.archive_path)
         tiers = build_tiers(archive=archive, fingerprint=fingerprint)
         # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
         recall_store = archive or Archive(":memory:")
