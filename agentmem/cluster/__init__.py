@@ -34,13 +34,22 @@ def default_replica_id() -> str:
 def open_replica(config: Any, settings: Any) -> tuple[ClusterPool, Replica]:
     """The pool and the lease keeper of one replica, from a `PoolConfig` and `ServerSettings` (cluster mode).
 
-    The leases live in the pool's own archive (its calls are serialized per
-    transaction, so a renewal never lands inside a state write).
+    With `archive_url` the leases use a connection of their own to the shared
+    archive, so the renewal thread never waits behind a state write, and the
+    leases can still be released after the pool has stored its agents and closed
+    its connection. Otherwise (one SQLite archive, one replica) they share the pool's.
     """
+    from agentmem.archive import open_archive
+
     pool = ClusterPool(config=config)
+    store = None
     try:
-        keeper = LeaseKeeper(pool.archive, owner=settings.replica_id or default_replica_id(), ttl_s=settings.lease_ttl_s)
-        return pool, Replica(pool, keeper, durability=settings.durability)
+        url = getattr(config, "archive_url", None)
+        store = open_archive(url) if url else pool.archive
+        keeper = LeaseKeeper(store, owner=settings.replica_id or default_replica_id(), ttl_s=settings.lease_ttl_s)
+        return pool, Replica(pool, keeper, durability=settings.durability, own_store=store is not pool.archive)
     except BaseException:
+        if store is not None and store is not pool.archive:
+            store.close()
         pool.close()
         raise

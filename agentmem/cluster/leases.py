@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from agentmem.errors import ConfigError, LeaseError, LeaseHeldError, LeaseLostError
+from agentmem.errors import ArchiveError, ConfigError, LeaseError, LeaseHeldError, LeaseLostError
 
 __all__ = ["LeaseKeeper", "LeaseStore"]
 
@@ -218,8 +218,8 @@ class LeaseKeeper:
         try:
             self.store.release_lease(h.lease)
             self.counts["released"] += 1
-        except LeaseError as exc:
-            logger.info("lease of agent %r was already gone at release: %s", agent_id, exc)
+        except ArchiveError as exc:  # already gone, or the archive is closed: it runs out by itself
+            logger.info("lease of agent %r not released (%s); it expires within %.0f s", agent_id, exc, self.ttl_s)
 
     def held(self) -> list[str]:
         """Agent ids whose lease this replica holds."""

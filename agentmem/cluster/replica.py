@@ -41,12 +41,13 @@ class Replica:
         pool: the replica's pool (its archive is shared with the other replicas).
         keeper: the replica's leases (usually over `pool.archive`).
         durability: `call` or `lazy`.
+        own_store: close the keeper's store at `close` (a connection of its own).
     """
 
-    def __init__(self, pool: ClusterPool, keeper: LeaseKeeper, *, durability: str = "call") -> None:
+    def __init__(self, pool: ClusterPool, keeper: LeaseKeeper, *, durability: str = "call", own_store: bool = False) -> None:
         if durability not in CLUSTER_DURABILITY:
             raise ConfigError(f"durability must be one of {', '.join(CLUSTER_DURABILITY)} in cluster mode, got {durability!r}")
-        self.pool, self.keeper, self.durability = pool, keeper, durability
+        self.pool, self.keeper, self.durability, self.own_store = pool, keeper, durability, own_store
         pool.set_fence(keeper.fence)
         if durability == "lazy":
             keeper.before_release = self._store_state
@@ -103,7 +104,11 @@ class Replica:
 
     def close(self) -> None:
         """Stop renewing and release every lease (after the pool closed, having stored its agents)."""
-        self.keeper.close()
+        try:
+            self.keeper.close()
+        finally:
+            if self.own_store:
+                self.keeper.store.close()
 
 
 class ReplicaHeader:
