@@ -14,6 +14,9 @@ binaries as the test fixture does). Sections (`--only`):
   calls each, through nginx, against 1 replica (with all `--threads`) and against
   2 replicas (half the threads each) on this machine: calls per second. Also the lease traffic of that run (renewals per
   second per agent from the lease log) and the archive's time per lease renewal.
+* **route**: what nginx adds per request: `GET /health` and a one-token chat call
+  of a live agent, `--route-calls` times each, through the proxy vs straight to the
+  replica, interleaved (median and p90 of the difference).
 * **bytes**: archive bytes of one ~`--history`-token agent by cold codec (state,
   sliding-window checkpoint, ledger), measured in a pool over a SQLite file.
 
@@ -46,7 +49,7 @@ from benchmarks._serving import free_port, stream_chat  # noqa: E402
 
 WORDS = ("river stone lantern market orchard signal harbor ledger garden copper thunder meadow "
          "compass violin bakery glacier pencil canyon tunnel beacon").split()
-SECTIONS = ("migrate", "throughput", "bytes")
+SECTIONS = ("migrate", "throughput", "bytes", "route")
 
 
 def say(msg: str) -> None:
@@ -156,10 +159,11 @@ def drive(c: Any, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     with ThreadPoolExecutor(args.clients) as ex:
         list(ex.map(one, agents))
     out = {"calls": 0, "errors": 0}
-    t0 = time.perf_counter()
+    t0, w0 = time.perf_counter(), time.time()
     with ThreadPoolExecutor(args.clients) as ex:
         list(ex.map(one, jobs))
     out["wall_s"] = time.perf_counter() - t0
+    out["window"] = (w0, time.time())  # wall clock, as the archive's lease log (same machine)
     return out
 
 
@@ -183,7 +187,8 @@ def run_throughput(args: argparse.Namespace, url_of: Any, work: Path) -> dict[st
                 lease = arc.renew_lease(lease, ttl_s=10)
             r["renew_ms"] = 1e3 * (time.perf_counter() - t) / 51
             arc.release_lease(lease)
-        renews = sum(1 for e in log if e.kind == "renew" and e.owner != "bench")
+        lo, hi = r.pop("window")
+        renews = sum(1 for e in log if e.kind == "renew" and e.owner != "bench" and lo <= e.at <= hi)
         r["renews_per_agent_s"] = renews / max(1e-9, r["wall_s"]) / args.tp_agents
         r["replicas"], r["threads"] = replicas, threads
         results[replicas] = r
@@ -197,6 +202,37 @@ def run_throughput(args: argparse.Namespace, url_of: Any, work: Path) -> dict[st
     speed = (results[2]["calls"] / results[2]["wall_s"]) / (results[1]["calls"] / results[1]["wall_s"])
     say(f"2 replicas / 1 replica, calls per second: {speed:.2f}x (same cores: {os.cpu_count()})")
     return {"by_replicas": results, "speedup": speed}
+
+
+# ---------------------------------------------------------------------- route
+def run_route(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
+    say(f"\n## route: nginx vs direct, {args.route_calls} interleaved requests of each kind")
+    out: dict[str, Any] = {}
+    with cluster(args, url, 1, args.threads, work / "route") as c, httpx.Client() as http:
+        msgs = [{"role": "user", "content": "Say yes."}]
+        targets = {"nginx": c.url, "direct": c.replica_url(0)}
+        for kind in ("health", "chat"):
+            times: dict[str, list[float]] = {"nginx": [], "direct": []}
+            for i in range(args.route_calls + 2):
+                for name, base in targets.items():
+                    t = time.perf_counter()
+                    if kind == "health":
+                        r = http.get(base + "/health", timeout=30)
+                    else:
+                        r = http.post(base + "/v1/chat/completions", json=body(msgs, 1), timeout=60,
+                                      headers={"X-Agent-Id": "route-probe"})
+                    assert r.status_code == 200, r.text
+                    if i >= 2:  # the first two warm the connections and the agent
+                        times[name].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            out[kind] = {**{f"{k}_median_ms": 1e3 * v for k, v in med.items()},
+                         "overhead_ms": 1e3 * (med["nginx"] - med["direct"])}
+        out["uptime"] = uptime()
+    rows = [[k, f"{v['direct_median_ms']:.2f}", f"{v['nginx_median_ms']:.2f}", f"{v['overhead_ms']:+.2f}"]
+            for k, v in out.items() if k != "uptime"]
+    say(md_table(["request", "direct median ms", "via nginx median ms", "nginx adds ms"], rows))
+    say(f"uptime: {out['uptime']}")
+    return out
 
 
 # ---------------------------------------------------------------------- bytes
@@ -247,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp-agents", type=int, default=8, help="throughput: agents (8)")
     ap.add_argument("--tp-rounds", type=int, default=3, help="throughput: calls per agent (3)")
     ap.add_argument("--tp-tokens", type=int, default=32, help="throughput: max_tokens per call (32)")
+    ap.add_argument("--route-calls", type=int, default=30, help="route: requests of each kind (30)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run ({','.join(SECTIONS)})")
     ap.add_argument("--json", default=None, help="write the results to this file")
     args = ap.parse_args(argv)
@@ -257,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="agentmem-scale-") as tmp:
         work = Path(tmp)
         base = args.archive_url
-        if base is None and {"migrate", "throughput"} & set(chosen):
+        if base is None and {"migrate", "throughput", "route"} & set(chosen):
             from tests.fixtures.postgres import PostgresServer, find_pg_bin
 
             bin_dir = find_pg_bin()
@@ -276,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             results["throughput"] = run_throughput(args, url_of, work)
         if "bytes" in chosen:
             results["bytes"] = run_bytes(args, work)
+        if "route" in chosen:
+            results["route"] = run_route(args, url_of("route"), work)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from agentmem.errors import AgentMemError, ConfigError
+from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.pool import MemoryPool
 
 __all__ = ["ClusterPool"]
@@ -24,15 +24,37 @@ logger = logging.getLogger(__name__)
 class ClusterPool(MemoryPool):
     """A `MemoryPool` for one replica of a cluster (same constructor; an archive is required).
 
+    Unlike a lone pool it does not register every archived agent when it opens:
+    the other replicas own most of them, and each agent is read when this replica
+    first claims it (`reload`). At `close` it stores only the agents whose lease it
+    holds or can take back at its last token; the others' local copies are dropped.
+
     Raises:
         ConfigError: the configuration has no archive.
     """
+
+    _resume_on_open = False
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         if self._core.archive is None:
             self.close()
             raise ConfigError("a cluster replica needs a shared archive (archive_url)")
+
+    def close(self) -> None:
+        """Store the agents this replica may still write (see the class docstring), then close."""
+        core = self._core
+        if not self.closed and core.fence is not None:
+            with core.lock:
+                for a in list(core.agents.values()):
+                    if a.busy:
+                        continue
+                    try:
+                        core.fence(a.id)
+                    except ArchiveError as exc:  # LeaseLostError, or the archive is unreachable
+                        logger.debug("agent %r not stored at close: %s", a.id, exc)
+                        self._mover.discard(a)
+        super().close()
 
     @property
     def archive(self) -> Any:

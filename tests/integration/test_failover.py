@@ -106,3 +106,36 @@ def test_sigkill_of_a_replica_moves_its_agents_with_their_kv(tiny_model_path: Pa
         for a in agents:
             led = arc.get_ledger(a.name)
             assert led is not None and led.n_tokens >= a.usage[-1].prompt_tokens, a.name
+
+
+def test_cluster_up_starts_and_stops_cleanly(tiny_model_path: Path, postgres_url: str, tmp_path: Path) -> None:
+    """`agentmem cluster up` serves through its proxy and, on SIGINT, stops nginx and both replicas."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.fixtures.serving import wait_healthy
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentmem.cli", "cluster", "up", "--replicas", "2", "--archive-url", postgres_url,
+         "--port", str(port), "--workdir", str(tmp_path), "--", "--model", str(tiny_model_path), "--threads", "1",
+         "--n-ctx", "2048", "--resident", "2", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=120, proc=proc)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={"X-Agent-Id": "solo"}, timeout=60,
+                       json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers["x-agentmem-replica"] in ("r0", "r1")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    with open_archive(postgres_url) as arc:
+        assert arc.current_lease("solo") is None, "the replica released its lease at shutdown"
+        assert arc.get_ledger("solo") is not None
