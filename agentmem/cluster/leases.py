@@ -97,30 +97,41 @@ class LeaseKeeper:
         """Hold `agent_id`'s lease for a call (pair with `done`); returns whether the local copy is stale.
 
         The copy is stale when another replica held the agent since this one last
-        did (the lease log shows another owner between the two tokens).
+        did (the lease log shows another owner between the two tokens). While
+        another replica holds it, this waits (`sleep`) up to `wait_s`.
 
         Raises:
             LeaseHeldError: another replica still holds it after `wait_s`
                 (`expires_in_s` says when to retry).
         """
+        deadline = self.clock() + self.wait_s
+        while True:
+            try:
+                return self.try_claim(agent_id)
+            except LeaseHeldError as exc:
+                pause = self.pause_s(exc, deadline)
+                if pause is None:
+                    raise
+                self.sleep(pause)
+
+    def pause_s(self, exc: LeaseHeldError, deadline: float) -> float | None:
+        """How long to wait before the next try of a claim refused with `exc` (None: give up, past `deadline`)."""
+        left = max(0.0, float(exc.expires_in_s))
+        if self.clock() + min(left, 0.25) > deadline:
+            return None
+        self.counts["waited"] += 1
+        return min(max(left, 0.05), 0.25)
+
+    def try_claim(self, agent_id: str) -> bool:
+        """`claim` without waiting: `LeaseHeldError` at once while another replica holds the agent."""
         with self._lock:
             h = self._held.get(agent_id)
             if h is not None and (self.clock() < h.valid_until or self._renew(agent_id, h)):
                 h.active += 1
                 h.last_used = self.clock()
                 return False
-        deadline = self.clock() + self.wait_s
-        while True:
-            t0 = self.clock()
-            try:
-                lease = self.store.acquire_lease(agent_id, owner=self.owner, ttl_s=self.ttl_s)
-                break
-            except LeaseHeldError as exc:
-                left = max(0.0, float(exc.expires_in_s))
-                if self.clock() + min(left, 0.25) > deadline:
-                    raise
-                self.counts["waited"] += 1
-                self.sleep(min(max(left, 0.05), 0.25))
+        t0 = self.clock()
+        lease = self.store.acquire_lease(agent_id, owner=self.owner, ttl_s=self.ttl_s)
         with self._lock:
             self.counts["acquired"] += 1
             stale = self._served_elsewhere(agent_id, lease.token)

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 
 from agentmem.cluster.leases import LeaseKeeper
 from agentmem.cluster.pool import ClusterPool
-from agentmem.errors import ConfigError, LeaseLostError
+from agentmem.errors import ConfigError, LeaseHeldError, LeaseLostError
 
 __all__ = ["CLUSTER_DURABILITY", "Replica", "ReplicaHeader"]
 
@@ -68,7 +68,17 @@ class Replica:
         Raises:
             LeaseHeldError: another replica holds the agent (after the keeper's bounded wait).
         """
-        stale = await asyncio.to_thread(self.keeper.claim, agent_id)
+        keeper = self.keeper
+        deadline = keeper.clock() + keeper.wait_s
+        while True:  # waiting here, not in a worker thread: many agents may wait for a killed replica at once
+            try:
+                stale = await asyncio.to_thread(keeper.try_claim, agent_id)
+                break
+            except LeaseHeldError as exc:
+                pause = keeper.pause_s(exc, deadline)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
         try:
             if stale:
                 found = await asyncio.to_thread(self.pool.reload, agent_id)

@@ -67,6 +67,9 @@ def test_an_agent_held_elsewhere_gets_a_retryable_503(replica: Any) -> None:
     r = chat(replica, "y", "hello")
     assert r.status_code == 503 and r.json()["error"]["code"] == "agent_elsewhere"
     assert 1 <= int(r.headers["retry-after"]) <= TTL + 1
+    streamed = httpx.post(f"{replica.base_url}/v1/chat/completions", headers={"X-Agent-Id": "y"}, timeout=60,
+                          json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert streamed.status_code == 503, "refused before the first token: a plain HTTP error, not an SSE one"
 
 
 def test_a_copy_served_elsewhere_meanwhile_is_dropped_and_re_read(replica: Any) -> None:
@@ -116,3 +119,25 @@ def test_cluster_flags(tmp_path: Path) -> None:
         ServerSettings(cluster=True, durability="call", lease_ttl_s=0)
     s = ServerSettings(cluster=True, durability="lazy", replica_id="r7", lease_ttl_s=5)
     assert ServerSettings.from_dict(s.to_dict()) == s
+
+
+def test_lazy_durability_commits_the_ledger_per_call_and_the_state_at_idle_release(tiny_model_path: Path,
+                                                                                   tmp_path: Path) -> None:
+    import time
+
+    pool = ClusterPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1,
+                       archive_path=str(tmp_path / "lazy.db"), cold_codec="f16")
+    keeper = LeaseKeeper(pool.archive, owner="r0", ttl_s=TTL, idle_s=0.3)
+    settings = ServerSettings(model_name="tiny", cluster=True, durability="lazy", replica_id="r0", lease_ttl_s=TTL)
+    app = create_app(pool, settings=settings, replica=Replica(pool, keeper, durability="lazy"), own_pool=True)
+    with ServerThread(app) as srv:
+        srv.pool = pool
+        assert chat(srv, "x", "one").status_code == 200
+        assert chat(srv, "x", "two").status_code == 200
+        arc = pool.archive
+        assert arc.get_ledger("x").n_tokens == len(pool.tokens("x")), "the ledger is committed after every call"
+        assert arc.get_state_info("x") is None, "no KV state per call"
+        time.sleep(0.4)
+        keeper.tick()
+        assert arc.get_state_info("x") is not None, "the state reached the archive before the lease went"
+        assert arc.current_lease("x") is None and keeper.held() == []
