@@ -1,6 +1,6 @@
 # agentmem — two commands on a fresh machine:
 #   make demo   set everything up, run a multi-agent team on the bundled instruct model
-#   make test   set everything up, run the test suite
+#   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh), run the test suite
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
 # 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
 # ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.agentmem-installed
-EXTRAS ?= model,instruct,langchain,autogen,baselines,server,dev,docs
+EXTRAS ?= model,instruct,langchain,autogen,baselines,server,postgres,dev,docs
 
 .PHONY: install demo test test-unit bench docs clean
 
@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/team_demo.py
 
 test: $(STAMP)
+	bash scripts/install_postgres.sh
 	bash scripts/install_nginx.sh
 	$(BIN)/python -m pytest
 

@@ -22,7 +22,9 @@ opens the database and fills in the few hooks where the dialects differ:
 Fencing: a write given `fence=lease` first locks the agent's lease row (`FOR
 SHARE` on PostgreSQL, so a takeover waits for the write and a write after a
 takeover sees it) and checks it still holds the lease's owner and token; if not,
-it raises `LeaseLostError` and the transaction writes nothing.
+it raises `LeaseLostError` and the transaction writes nothing. `set_default_fence`
+makes a lease the fence of every later write of its agent that names none, so a
+caller that does not pass `fence=` itself (the pool's persister) is fenced too.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ class ArchiveCore:
             ArchiveError: the archive is read-only.
             LeaseLostError: `fence` is no longer the agent's current lease (nothing is written).
         """
+        if fence is None and agent_id is not None:
+            fence = self._default_fences.get(agent_id)
         if fence is not None:
             _check_fence_arg(fence, agent_id)
         with self._reading(what) as db:
@@ -155,6 +159,41 @@ class ArchiveCore:
                     yield db
                 finally:
                     self._tx_depth -= 1
+
+    @property
+    def _default_fences(self) -> dict[str, Lease]:
+        fences = self.__dict__.get("_fences")
+        if fences is None:
+            fences = self.__dict__["_fences"] = {}
+        return fences
+
+    def set_default_fence(self, lease: Lease) -> None:
+        """Fence every later write of `lease.agent_id` that passes no `fence=` of its own.
+
+        For callers that hold a lease while code they do not control writes the
+        agent (a pool's persister): once the lease is lost, those writes raise
+        `LeaseLostError` instead of committing. Replaces the agent's previous
+        default; `clear_default_fence` removes it.
+
+        Examples:
+            >>> from agentmem.archive import Archive
+            >>> from agentmem.errors import LeaseLostError
+            >>> with Archive(":memory:") as arc:
+            ...     lease = arc.acquire_lease("coder", owner="a", ttl_s=30)
+            ...     arc.set_default_fence(lease)
+            ...     arc.release_lease(lease)
+            ...     try:
+            ...         arc.put_agent("coder")
+            ...     except LeaseLostError:
+            ...         print("fenced out")
+            fenced out
+        """
+        _check_fence_arg(lease, None)
+        self._default_fences[lease.agent_id] = lease
+
+    def clear_default_fence(self, agent_id: str) -> Lease | None:
+        """Stop fencing `agent_id`'s writes by default; returns the lease that did, or `None`."""
+        return self._default_fences.pop(agent_id, None)
 
     def _check_fence(self, db: Any, fence: Lease, what: str) -> None:
         row = db.execute(

@@ -14,6 +14,10 @@ the rows they read, so concurrent replicas queue instead of losing updates.
 
 The URL is a secret: `path`, messages and logs show it with the password
 replaced by `***` (`redact_url`).
+
+A connection the server dropped (a restart, a failover, an idle timeout) fails
+the call that finds out with `ArchiveError`; the next call outside a
+transaction reconnects, so a replica outlives a database restart.
 """
 
 from __future__ import annotations
@@ -113,13 +117,8 @@ class PostgresConnection(ArchiveCore):
                 f'{self.path}: the PostgreSQL archive needs psycopg 3: pip install "agentmem[postgres]"'
             ) from exc
         self._DRIVER_ERRORS = (psycopg.Error,)  # type: ignore[misc]
-        try:
-            self._conn = psycopg.connect(
-                url, autocommit=True, connect_timeout=max(1, round(connect_timeout_s)), application_name=application_name
-            )
-        except psycopg.Error as exc:
-            raise ArchiveError(f"{self.path}: cannot connect: {exc}") from exc
-        self._db = _PgDB(self._conn)
+        self._connect_args = (url, max(1, round(connect_timeout_s)), application_name)  # the URL: never logged
+        self._connect()
         try:
             self._open_schema()
         except BaseException:
@@ -127,6 +126,16 @@ class PostgresConnection(ArchiveCore):
             raise
         logger.debug("opened archive %s (schema v%d, %s)", self.path, self._schema_version,
                      "readonly" if readonly else "read-write")
+
+    def _connect(self) -> None:
+        import psycopg
+
+        url, timeout, name = self._connect_args
+        try:
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=timeout, application_name=name)
+        except psycopg.Error as exc:
+            raise ArchiveError(f"{self.path}: cannot connect: {exc}") from exc
+        self._db = _PgDB(self._conn)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,6 +238,11 @@ class PostgresConnection(ArchiveCore):
     def _require_db(self) -> _PgDB:
         if self._db is None:
             raise ArchiveError(f"{self.path}: archive is closed")
+        if self._conn.broken and not self._tx_depth:  # dropped by the server: reconnect between transactions
+            logger.warning("%s: the connection was lost; reconnecting", self.path)
+            old = self._conn
+            self._connect()
+            old.close()
         return self._db
 
     def _atomic(self, db: _PgDB) -> contextlib.AbstractContextManager[Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path

@@ -208,3 +208,21 @@ def test_threads_racing_for_one_agent_on_one_archive_get_one_winner(arc: Archive
         t.join()
     assert len(won) == 1 and len(held) == n - 1, f"{won=}, {held=}"
     assert {e.owner for e in held} == {won[0].owner} and won[0].token == 1
+
+
+def test_a_default_fence_covers_writes_that_name_none(arc: ArchiveBase) -> None:
+    """For code that writes an agent without passing `fence=` (the pool's persister)."""
+    old = _expired(arc, "coder", "a")
+    arc.set_default_fence(old)
+    arc.put_ledger("coder", [1], [])  # still current: nobody took over
+    arc.put_ledger("planner", [1], [])  # other agents are not fenced
+    new = arc.acquire_lease("coder", owner="b", ttl_s=TTL)
+    with pytest.raises(LeaseLostError):
+        arc.put_ledger("coder", [1, 2], [])
+    with pytest.raises(LeaseLostError), arc.transaction():
+        arc.put_state("coder", b"kv", codec="f16", n_tokens=1, fingerprint=FP)
+    assert arc.get_ledger("coder").n_tokens == 1 and arc.get_state_info("coder") is None
+    arc.put_ledger("coder", [1, 2], [], fence=new)  # an explicit fence wins over the default
+    assert arc.clear_default_fence("coder") == old and arc.clear_default_fence("coder") is None
+    arc.put_ledger("coder", [1, 2, 3], [])
+    assert arc.get_ledger("coder").n_tokens == 3

@@ -225,6 +225,17 @@ def test_a_search_path_without_schema_is_an_archive_error(postgres_server) -> No
         PostgresArchive(schema_url(postgres_server.url, "no_such_schema"))
 
 
+def test_a_dropped_connection_fails_one_call_and_the_next_reconnects(pg: PostgresArchive) -> None:
+    pg.put_agent("kept")
+    pid = pg._conn.info.backend_pid
+    raw_connection(pg).execute("SELECT pg_terminate_backend(?)", [pid])
+    with pytest.raises(ArchiveError, match="failed"):
+        pg.put_agent("lost")
+    pg.put_agent("after")  # reconnected
+    assert [a.agent_id for a in pg.list_agents()] == ["after", "kept"]
+    assert pg._conn.info.backend_pid != pid
+
+
 def test_priorities_keep_their_type(pg: PostgresArchive) -> None:
     pg.put_agent("a", priority=3)
     pg.put_agent("b", priority="7")  # a name that looks like a number stays a name

@@ -1,11 +1,12 @@
-"""The archive survives SIGKILL at random points of its writes.
+"""The archive survives SIGKILL at random points of its writes, on SQLite and on PostgreSQL.
 
 A child process loops writing, per transaction, one agent's ledger, state
 (1-4 MB of random bytes) and an event, then appends `agent seq` to a journal
 file. The parent kills it with SIGKILL at a random moment -- during start-up and
 migration in some rounds, mid-write in most -- reopens the archive and checks:
 
-* the archive opens (WAL recovery works);
+* the archive opens (WAL recovery works; on PostgreSQL the server rolls the dead
+  client's transaction back);
 * every stored state either verifies (length + SHA-256) or raises
   `CodecError` (a cache miss); it is never silently wrong;
 * ledger and state of an agent always come from the same transaction
@@ -31,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentmem.archive import Archive
+from agentmem.archive import open_archive
 from agentmem.errors import CodecError
 
-KILLS = 50
+KILLS = {"sqlite": 50, "postgres": 25}  # PostgreSQL rounds cost more (connect, 1-4 MB over a socket): ~60 s -> ~30 s
 REPO = Path(__file__).resolve().parents[2]
 
 AGENTS = ("planner", "coder", "reviewer", "selector")
@@ -54,11 +55,11 @@ _SHARED = f"import numpy as np\n\nAGENTS = {AGENTS!r}\n\n\n" + inspect.getsource
 _CHILD = _SHARED + textwrap.dedent(
     """
     import os, random, sys
-    from agentmem.archive import Archive
+    from agentmem.archive import open_archive
 
     path, journal, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
     print("opening", flush=True)
-    arc = Archive(path)
+    arc = open_archive(path)
     seqs = {}
     for agent in AGENTS:
         led = arc.get_ledger(agent)
@@ -96,11 +97,11 @@ def _journal(path: Path) -> dict[str, int]:
     return last
 
 
-def _verify(path: Path, journal: Path) -> tuple[int, int]:
+def _verify(path: str, journal: Path) -> tuple[int, int]:
     """Check every invariant; returns (states verified, states detected as corrupt)."""
     committed = _journal(journal)
     verified = corrupt = 0
-    with Archive(path) as arc:
+    with open_archive(path) as arc:
         for agent in AGENTS:
             led = arc.get_ledger(agent)
             if led is None:
@@ -128,13 +129,14 @@ def _verify(path: Path, journal: Path) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_writes_loses_no_committed_transaction(tmp_path: Path) -> None:
-    path, journal = tmp_path / "crash.db", tmp_path / "journal.txt"
+def test_sigkill_during_writes_loses_no_committed_transaction(backend: str, archive_target: str, tmp_path: Path) -> None:
+    path, journal = archive_target, tmp_path / "journal.txt"
+    kills = KILLS[backend]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     rng = random.Random(20240607)
     verified = corrupt = 0
     kills_mid_write = 0
-    for round_no in range(KILLS):
+    for round_no in range(kills):
         proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(path), str(journal), str(round_no)],
             stdout=subprocess.PIPE,
@@ -161,10 +163,10 @@ def test_sigkill_during_writes_loses_no_committed_transaction(tmp_path: Path) ->
         verified += v
         corrupt += c
     writes = sum(_journal(journal).values())
-    # Every round kills the child; 45 of the 50 kills land inside its write loop. How many
+    # Every round kills the child; 9 in 10 kills land inside its write loop. How many
     # transactions commit before a kill depends on machine load (a busy CI box may commit
     # none in a round), so only require that writes happened at all, on average every other round.
-    assert kills_mid_write >= 40 and writes >= KILLS // 2, f"{kills_mid_write=}, {writes=}"
+    assert kills_mid_write >= 0.8 * kills and writes >= kills // 2, f"{kills_mid_write=}, {writes=}"
     assert verified > 0
-    # SQLite's WAL commits are atomic: no state should even need its checksum.
+    # SQLite's WAL commits and PostgreSQL's are atomic: no state should even need its checksum.
     assert corrupt == 0, f"{corrupt} states failed their checksum after SIGKILL"

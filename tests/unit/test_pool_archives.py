@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+import time
+
 from agentmem import ConfigError, MemoryPool
 from agentmem.archive import open_archive
+from agentmem.errors import LeaseLostError
 
 OPTS = dict(n_ctx=1024, resident_agents=2, n_batch=64, prefetch=False)
 
@@ -74,6 +77,30 @@ def test_sliding_window_checkpoints_and_shared_blocks_survive_either_archive(tin
             p.forget(a)
     with open_archive(archive_target, readonly=True) as arc:
         assert arc.list_shared_blocks() == [] and arc.state_blocks() == {}
+
+
+def test_a_pool_that_lost_the_lease_cannot_store_the_agent(tiny_model_path, archive_target: str) -> None:
+    """`set_default_fence` fences the pool's own writes (its persister passes no `fence=`)."""
+    with MemoryPool(tiny_model_path, **_archive(archive_target), **OPTS) as p:
+        arc = p._core.archive
+        lease = arc.acquire_lease("a", owner="replica-a", ttl_s=0.2)
+        arc.set_default_fence(lease)
+        r = p.chat("a", conv("tell me about cats"), max_tokens=4)
+        p.commit("a")  # current: stored
+        committed = arc.get_ledger("a").n_tokens
+        p.chat("a", conv("tell me about cats", r.text, "and dogs?"), max_tokens=4)
+        time.sleep(0.3)
+        arc.acquire_lease("a", owner="replica-b", ttl_s=30)  # another replica takes over
+        with pytest.raises(LeaseLostError):
+            p.park("a", "cold")
+        with pytest.raises(LeaseLostError):
+            p.commit("a")
+        assert p.stats()["agents"]["a"]["tier"] == "hot"  # kept in RAM, nothing written
+        assert len(p.tokens("a")) > committed
+    # closing could not save it either (logged): the archive holds what was committed under the lease
+    with open_archive(archive_target, readonly=True) as arc:
+        assert arc.get_ledger("a").n_tokens == committed
+        assert [e.kind for e in arc.lease_log("a")] == ["acquire", "takeover"]
 
 
 def test_archive_path_and_url_are_exclusive_and_the_url_stays_secret() -> None:
