@@ -63,3 +63,11 @@ def test_cluster_nginx_config_command(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     assert "listen 0.0.0.0:80;" in out and out.count("max_fails=") == 2
     assert main(["cluster", "nginx-config", "--upstream", "bad"]) == 2
+
+
+def test_the_package_surface_is_pinned() -> None:
+    import agentmem.cluster as cluster
+
+    assert cluster.__all__ == ["CLUSTER_DURABILITY", "ClusterPool", "LeaseKeeper", "LeaseStore", "LocalLeaseStore",
+                               "Replica", "default_replica_id", "open_replica"]
+    assert all(hasattr(cluster, name) for name in cluster.__all__)
