@@ -93,8 +93,11 @@ def new_schema(base_url: str, name: str) -> str:
 def cluster(args: argparse.Namespace, url: str, replicas: int, threads: int, workdir: Path) -> Any:
     from agentmem.cluster.launcher import Cluster
 
-    port = free_port()
-    return Cluster(replicas=replicas, archive_url=url, port=port, base_port=free_port(), workdir=workdir,
+    ports: set[int] = set()
+    while len(ports) < replicas + 1:
+        ports.add(free_port())
+    port, *rest = sorted(ports)
+    return Cluster(replicas=replicas, archive_url=url, port=port, ports=rest, workdir=workdir,
                    serve_args=["--model", args.model, "--threads", str(threads), "--n-ctx", str(args.n_ctx),
                                "--resident", str(args.resident), "--lease-ttl", str(args.lease_ttl),
                                "--max-concurrent", "256", "--log-level", "warning"])

@@ -37,11 +37,19 @@ __all__ = ["Cluster"]
 logger = logging.getLogger(__name__)
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+def _tail(log: Path | None, n: int = 5) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()[-n:] if log is not None else []
+    except OSError:
+        lines = []
+    return (": " + " | ".join(lines)) if lines else ""
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ConfigError(f"{what} exited with status {proc.returncode} while starting (see its log)")
+            raise ConfigError(f"{what} exited with status {proc.returncode} while starting ({log}){_tail(log)}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -61,6 +69,7 @@ class Cluster:
         port: the proxy's port (clients use `http://host:port/v1`).
         host: interface of the proxy and the replicas.
         base_port: replica `i` listens on `base_port + i` (default `port + 1`).
+        ports: the replicas' ports one by one (instead of `base_port`).
         serve_args: more `agentmem serve` flags for every replica (`--model`, `--n-ctx`, …).
         workdir: nginx's config/logs and the replicas' logs (`replica-N.log`).
         nginx: the nginx binary (default: found on PATH or in /usr/sbin).
@@ -68,7 +77,7 @@ class Cluster:
     """
 
     def __init__(self, *, replicas: int = 2, archive_url: str, port: int = 8000, host: str = "127.0.0.1",
-                 base_port: int | None = None, serve_args: Sequence[str] = (), workdir: str | os.PathLike[str] = ".",
+                 base_port: int | None = None, ports: Sequence[int] | None = None, serve_args: Sequence[str] = (), workdir: str | os.PathLike[str] = ".",
                  nginx: str | None = None, env: dict[str, str] | None = None) -> None:
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise ConfigError(f"replicas must be an int >= 1, got {replicas!r}")
@@ -76,6 +85,9 @@ class Cluster:
             raise ConfigError("archive_url is required: the replicas share one archive")
         self.replicas, self.archive_url, self.port, self.host = replicas, archive_url, port, host
         self.base_port = port + 1 if base_port is None else base_port
+        if ports is not None and len(ports) != replicas:
+            raise ConfigError(f"ports must name {replicas} port(s), got {list(ports)}")
+        self._ports = list(ports) if ports is not None else None
         self.serve_args = list(serve_args)
         self.workdir = Path(workdir)
         self.nginx_bin = nginx
@@ -86,7 +98,7 @@ class Cluster:
     @property
     def replica_ports(self) -> list[int]:
         """The port of each replica."""
-        return [self.base_port + i for i in range(self.replicas)]
+        return list(self._ports) if self._ports else [self.base_port + i for i in range(self.replicas)]
 
     @property
     def url(self) -> str:
@@ -117,12 +129,12 @@ class Cluster:
     def start_replica(self, i: int, *, timeout_s: float = 180.0) -> None:
         """Start replica `i` (again) and wait for its `/health`."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.workdir / f"replica-{i}.log", "ab")  # noqa: SIM115 - the child keeps it open
-        env = {**os.environ, **self.env}
-        proc = subprocess.Popen(self.serve_command(i), stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
+        path = self.workdir / f"replica-{i}.log"
+        with open(path, "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(self.serve_command(i), stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **self.env})
         self.procs[i] = proc
-        _wait_http(self.replica_url(i) + "/health", proc, timeout_s, f"replica {i}")
+        _wait_http(self.replica_url(i) + "/health", proc, timeout_s, f"replica {i}", path)
         logger.info("replica %d up on %s (pid %d)", i, self.replica_url(i), proc.pid)
 
     def start(self, *, timeout_s: float = 180.0) -> Cluster:
@@ -135,7 +147,7 @@ class Cluster:
             self.proxy = subprocess.Popen([nginx, "-c", str(conf.resolve()), "-p", str(self.workdir.resolve()),
                                            "-e", str((self.workdir / "error.log").resolve())],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            _wait_http(self.url + "/health", self.proxy, 30.0, "nginx")
+            _wait_http(self.url + "/health", self.proxy, 30.0, "nginx", self.workdir / "error.log")
         except BaseException:
             self.stop()
             raise

@@ -33,6 +33,16 @@ N_AGENTS = 20
 ROUNDS = 4
 TTL = 3.0
 
+def free_ports(n: int, *, but: int) -> list[int]:
+    """`n` distinct free ports, none equal to `but`."""
+    out: set[int] = set()
+    while len(out) < n:
+        p = free_port()
+        if p != but:
+            out.add(p)
+    return sorted(out)
+
+
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
                                 reason="nginx is not installed: run scripts/install_nginx.sh")
 
@@ -59,7 +69,7 @@ class Agent:
 def test_sigkill_of_a_replica_moves_its_agents_with_their_kv(tiny_model_path: Path, postgres_url: str,
                                                              tmp_path: Path) -> None:
     port = free_port()
-    cluster = Cluster(replicas=2, archive_url=postgres_url, port=port, base_port=free_port(), workdir=tmp_path,
+    cluster = Cluster(replicas=2, archive_url=postgres_url, port=port, ports=free_ports(2, but=port), workdir=tmp_path,
                       serve_args=["--model", str(tiny_model_path), "--model-name", "tiny", "--threads", "1",
                                   "--n-ctx", "4096", "--resident", "4", "--lease-ttl", str(TTL),
                                   "--max-concurrent", "64", "--log-level", "warning"])
