@@ -245,8 +245,8 @@ def run_bytes(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     say(f"\n## bytes: archive bytes of one ~{args.history}-token agent by cold codec")
     rows, out = [], {}
     msgs = history("bytes", args.history, 0)
-    for codec in ("f16", "q8_0", "q4_0"):
-        db = work / f"bytes-{codec}.db"
+    for codec in ("f16", "q8_0", "q8_0/q4_0", "q4_0"):
+        db = work / f"bytes-{codec.replace('/', '-')}.db"
         with MemoryPool(args.model, n_threads=args.threads, n_ctx=args.n_ctx, resident_agents=1, archive_path=str(db),
                         cold_codec=codec, prefetch=False) as pool:
             r = pool.chat("bytes", msgs, max_tokens=4)
