@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/install_postgres.sh
+	bash scripts/install_nginx.sh
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)

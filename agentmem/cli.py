@@ -16,6 +16,7 @@ agentmem archive vacuum PATH
 agentmem archive search PATH QUERY [--agent AGENT] [-k K]
 agentmem bench NAME [options]      every benchmark in agentmem.bench.BENCHMARKS (switch)
 agentmem serve [options]           the OpenAI-compatible server (agentmem.server; extra [server])
+agentmem cluster up|nginx-config   replicas behind nginx over a shared archive (agentmem.cluster)
 ```
 
 Errors agentmem raises on purpose (and OS errors) print one line on stderr and
@@ -330,10 +331,19 @@ def _add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_args)
 
 
+def _add_cluster_command(sub: argparse._SubParsersAction) -> None:
+    from agentmem.cluster.cli import add_arguments
+
+    p = sub.add_parser("cluster", help="replicas behind nginx over a shared archive (see docs/scale-out.md)",
+                       description="Scale-out: agentmem serve replicas behind nginx (docs/scale-out.md).")
+    add_arguments(p)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_archive_commands,
     _add_bench_commands,
     _add_serve_command,
+    _add_cluster_command,
 ]
 """Functions that each add one top-level subcommand (with `handler` defaults)."""
 

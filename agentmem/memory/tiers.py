@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -106,6 +106,8 @@ class ColdTier(Tier):
         self.archive = archive
         self.fingerprint = dict(fingerprint)
         self._sizes: dict[str, int] = {}
+        # cluster mode: `fence(agent_id)` gives the lease a write of that agent carries
+        self.fence: Callable[[str], Any] | None = None
         for rec in archive.list_agents():
             if rec.state_bytes:
                 self._sizes[rec.agent_id] = rec.state_bytes
@@ -114,6 +116,7 @@ class ColdTier(Tier):
         self.archive.put_state(
             agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint, tier="cold",
             block_id=state.block, layout=None if state.order is None else np.ascontiguousarray(state.order, "<i4"),
+            **self._fenced(agent_id),
         )
         self._sizes[agent_id] = state.nbytes
 
@@ -138,11 +141,22 @@ class ColdTier(Tier):
         )
 
     def delete(self, agent_id: str) -> None:
-        if self._sizes.pop(agent_id, None) is not None:
-            self.archive.delete_state(agent_id)
+        if agent_id in self._sizes:
+            self.archive.delete_state(agent_id, **self._fenced(agent_id))
+            del self._sizes[agent_id]
+
+    def _fenced(self, agent_id: str) -> dict[str, Any]:
+        return {} if self.fence is None else {"fence": self.fence(agent_id)}
 
     def nbytes(self, agent_id: str) -> int:
         return self._sizes.get(agent_id, 0)
+
+    def track(self, agent_id: str, nbytes: int) -> None:
+        """Record what the archive holds for `agent_id` now (`0`: no state); another process may have written it."""
+        if nbytes:
+            self._sizes[agent_id] = nbytes
+        else:
+            self._sizes.pop(agent_id, None)
 
     def agents(self) -> Iterator[str]:
         return iter(list(self._sizes))

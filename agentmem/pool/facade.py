@@ -76,6 +76,8 @@ class MemoryPool:
         reused 27 18
     """
 
+    _resume_on_open = True  # register every archived agent at open (a cluster replica loads them one by one)
+
     def __init__(self, model: str | os.PathLike[str] | None = None, *, config: PoolConfig | None = None,
                  **options: Any) -> None:
         base = config or PoolConfig()
@@ -96,7 +98,7 @@ class MemoryPool:
         self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
         self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
         self._closed = False
-        if archive is not None:
+        if archive is not None and self._resume_on_open:
             with core.lock:
                 self._persist.resume()
         # async calls wait on the pool most of the time: give them enough threads that

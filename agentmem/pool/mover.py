@@ -263,13 +263,24 @@ class Mover:
     def forget(self, a: AgentState) -> None:
         """Drop everything kept for idle `a`: sequence, parked states, archive rows, block, record."""
         core = self.core
+        fenced = self.persist.fenced(a.id) if core.archive is not None else {}  # before anything is dropped
+        self.discard(a)
+        if "cold" in core.tiers:
+            core.tiers["cold"].delete(a.id)
+        if core.archive is not None:
+            core.archive.delete_agent(a.id, **fenced)
+
+    def discard(self, a: AgentState) -> None:
+        """Drop the local copy of idle `a` (sequence, RAM state, block, record); its archive rows stay.
+
+        Cluster mode: another replica may have served `a` since, so the copy here
+        may be stale; `Persister.load` reads it back as the archive holds it.
+        """
+        core = self.core
         if a.seq is not None:
             core.ctx.seq_rm(a.seq)
             self.residency.release(a)
-        for t in core.tiers.values():
-            t.delete(a.id)
-        if core.archive is not None:
-            core.archive.delete_agent(a.id)
+        core.tiers["warm"].delete(a.id)
         self.blocks.leave(a)
         core.prefixes.remove(a.id)
         core.predictor.forget(a.id)
@@ -297,9 +308,16 @@ class Mover:
                     failed[a.id] = str(exc)
         return failed
 
-    def save(self, a: AgentState, *, final: bool = False) -> None:
-        """One agent's ledger and state to the archive (with `final`, a resident agent is parked there)."""
+    def save(self, a: AgentState, *, final: bool = False, state: bool = True) -> None:
+        """One agent's ledger and state to the archive (with `final`, a resident agent is parked there).
+
+        With `state=False` only the ledger is written and a stored state it no longer
+        matches is dropped (lazy durability: the state follows when `a` is parked).
+        """
         core = self.core
+        if not state:
+            self.persist.write(a, None, drop_state="cold" in core.tiers and a.tier != "cold")
+            return
         if final and a.seq is not None and a.ledger.n_live:
             try:
                 self.park(a, "cold")

@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 
+from agentmem.archive.records import AgentRecord
 from agentmem.engine.chat_format import REGIONS
 from agentmem.errors import AgentMemError, StateError
 from agentmem.memory.ledger import Ledger
@@ -65,15 +66,33 @@ class Persister:
         self.core = core
         self.blocks = blocks
 
-    def write(self, a: AgentState, state: ParkedState | None) -> None:
-        """Ledger (+ state) of `a` to the archive in one transaction."""
+    def fenced(self, agent_id: str) -> dict[str, object]:
+        """`{"fence": lease}` for an agent's archive writes in cluster mode (`{}` otherwise).
+
+        Raises:
+            LeaseLostError: this replica does not hold the agent's lease.
+        """
+        fence = self.core.fence
+        return {} if fence is None else {"fence": fence(agent_id)}
+
+    def write(self, a: AgentState, state: ParkedState | None, *, drop_state: bool = False) -> None:
+        """Ledger (+ state) of `a` to the archive in one transaction.
+
+        In cluster mode the transaction carries `a`'s lease: a replica that lost it
+        writes nothing (`LeaseLostError`). With `drop_state` (and no `state`) a stored
+        state is deleted in the same transaction: it no longer matches the ledger.
+        """
         core = self.core
         archive = core.archive
         assert archive is not None
         arr = a.ledger.to_arrays()
+        fenced = self.fenced(a.id)
         with archive.transaction():
-            archive.put_agent(a.id, priority=a.priority, labels={"budget": a.budget, "eviction": a.eviction, **a.labels})
-            archive.put_ledger(a.id, arr["tok"], _region_runs(arr))
+            archive.put_agent(a.id, priority=a.priority, labels={"budget": a.budget, "eviction": a.eviction, **a.labels},
+                              **fenced)
+            archive.put_ledger(a.id, arr["tok"], _region_runs(arr), **fenced)
+            if state is None and drop_state:
+                core.tiers["cold"].delete(a.id)
             if state is not None:
                 if state.block is not None:
                     b = core.blocks.get(state.block)
@@ -83,7 +102,38 @@ class Persister:
                 core.tiers["cold"].put(a.id, state)
                 if state.swa_ckpt is not None and a.prompt_end[1] > 0:
                     order = None if state.swa_order is None else np.ascontiguousarray(state.swa_order, "<i4")
-                    archive.put_checkpoint(a.id, state.swa_ckpt, prompt_end=a.prompt_end, layout=order)
+                    archive.put_checkpoint(a.id, state.swa_ckpt, prompt_end=a.prompt_end, layout=order, **fenced)
+
+    def _register(self, rec: AgentRecord) -> AgentState | None:
+        """`rec`'s agent as COLD (EMPTY without a state) in the pool's registry; None without a ledger."""
+        core = self.core
+        archive = core.archive
+        assert archive is not None
+        try:
+            led = archive.get_ledger(rec.agent_id)
+            ledger = _ledger_from_runs(led.tokens, led.regions) if led is not None else None
+        except (AgentMemError, ValueError, IndexError, KeyError) as exc:
+            # one unreadable ledger must not keep the pool from opening: that agent
+            # starts empty (its next call prefills), the others resume
+            logger.warning("agent %r: archived ledger unreadable (%s); it will re-prefill", rec.agent_id, exc)
+            ledger = Ledger()
+            rec = dataclasses.replace(rec, state_bytes=0)
+        if ledger is None:
+            return None
+        a = AgentState(rec.agent_id, ledger=ledger)
+        try:
+            a.priority = priority_weight(rec.priority)
+        except AgentMemError:
+            a.priority = 1
+        labels = dict(rec.labels)
+        a.budget = int(labels.pop("budget", 0) or 0)
+        a.eviction = str(labels.pop("eviction", "") or "")
+        a.labels = labels
+        a.tier = "cold" if rec.state_bytes else "empty"
+        if a.tier == "empty":
+            a.ledger.clear()  # nothing decoded is kept: the next call prefills
+        core.agents[a.id] = a
+        return a
 
     def resume(self) -> None:
         """Register every archived agent as COLD (states load lazily, on first call)."""
@@ -91,31 +141,8 @@ class Persister:
         archive = core.archive
         assert archive is not None
         for rec in archive.list_agents():
-            try:
-                led = archive.get_ledger(rec.agent_id)
-                ledger = _ledger_from_runs(led.tokens, led.regions) if led is not None else None
-            except (AgentMemError, ValueError, IndexError, KeyError) as exc:
-                # one unreadable ledger must not keep the pool from opening: that agent
-                # starts empty (its next call prefills), the others resume
-                logger.warning("agent %r: archived ledger unreadable (%s); it will re-prefill", rec.agent_id, exc)
-                ledger = Ledger()
-                rec = dataclasses.replace(rec, state_bytes=0)
-            if ledger is None:
-                continue
-            a = AgentState(rec.agent_id, ledger=ledger)
-            try:
-                a.priority = priority_weight(rec.priority)
-            except AgentMemError:
-                a.priority = 1
-            labels = dict(rec.labels)
-            a.budget = int(labels.pop("budget", 0) or 0)
-            a.eviction = str(labels.pop("eviction", "") or "")
-            a.labels = labels
-            a.tier = "cold" if rec.state_bytes else "empty"
-            if a.tier == "empty":
-                a.ledger.clear()  # nothing decoded is kept: the next call prefills
-            core.agents[a.id] = a
-            core.totals["resumed_agents"] += 1
+            if self._register(rec) is not None:
+                core.totals["resumed_agents"] += 1
         for aid, pe in archive.checkpoint_prompt_ends().items():
             if aid in core.agents and core.agents[aid].tier == "cold":
                 core.agents[aid].prompt_end = pe
@@ -131,3 +158,33 @@ class Persister:
                 core.blocks.release(b.id, "")
         if core.agents:
             logger.info("resumed %d agent(s) from %s", len(core.agents), core.config.archive_path)
+
+    def load(self, agent_id: str) -> AgentState | None:
+        """Register one agent as the archive holds it now (another replica may have changed it).
+
+        The pool must hold no record of it (`Mover.discard` first). Returns None,
+        registering nothing, when the archive has no such agent.
+        """
+        core = self.core
+        archive = core.archive
+        assert archive is not None and agent_id not in core.agents, f"{agent_id=}"
+        rec = archive.get_agent(agent_id)
+        a = self._register(rec) if rec is not None else None
+        if a is None:
+            return None
+        core.tiers["cold"].track(a.id, rec.state_bytes if a.tier == "cold" else 0)
+        if a.tier != "cold":
+            return a
+        pe = archive.checkpoint_prompt_ends().get(a.id)
+        if pe is not None:
+            a.prompt_end = pe
+        bid = archive.state_blocks().get(a.id)
+        if bid is not None:
+            if core.blocks.get(bid) is None:
+                for info in archive.list_shared_blocks():
+                    if info.block_id == bid:
+                        core.blocks.register(KVBlock(info.block_id, info.n_tokens, "", None, info.n_bytes))
+            b = core.blocks.get(bid)
+            if b is not None:
+                self.blocks.join(a, b)
+        return a

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -146,6 +146,8 @@ class PoolCore:
         self.tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
         self.codecs: dict[str, ParkCodec] = {}
         self.closed = False
+        # cluster mode: the lease an agent's archive writes must carry (raises when it is not held)
+        self.fence: Callable[[str], Any] | None = None
 
     def agent(self, agent_id: str) -> AgentState:
         """The record of a known agent; `UnknownAgentError` otherwise."""

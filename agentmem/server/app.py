@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -118,7 +118,7 @@ class _CountRequests:
 
 def _install_handlers(app: FastAPI) -> None:
     def answer(err: ApiError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
@@ -152,6 +152,7 @@ def create_app(
     settings: ServerSettings | None = None,
     keys: KeyRing | None = None,
     own_pool: bool | None = None,
+    replica: Any = None,
 ) -> FastAPI:
     """The server app over one pool.
 
@@ -163,12 +164,13 @@ def create_app(
         settings: server settings (defaults: `ServerSettings()`).
         keys: API keys (default: none, an open server).
         own_pool: close a given pool at shutdown too.
+        replica: cluster mode: the `agentmem.cluster.Replica` of the pool (its leases).
 
     Returns:
         A FastAPI app; `app.state.engine` is its `Engine`.
     """
     settings = settings or ServerSettings()
-    eng = Engine(pool_or_config, settings, own_pool=own_pool)
+    eng = Engine(pool_or_config, settings, own_pool=own_pool, replica=replica)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -195,6 +197,10 @@ def create_app(
             raise ApiError(403, "metrics need an admin key", code="forbidden")
         return Response(await asyncio.to_thread(e.metrics.render), media_type=CONTENT_TYPE)
 
+    if replica is not None:
+        from agentmem.cluster.replica import ReplicaHeader
+
+        app.add_middleware(ReplicaHeader, replica_id=replica.owner)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(_CountRequests, owner=app)  # outermost: counts the 413s too
     return app

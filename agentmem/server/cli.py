@@ -48,8 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--anonymous", choices=("reject", "per-key"), default="reject",
                      help="a request naming no agent: 400 (reject) or the key's anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
-    model.add_argument("--durability", choices=("exit", "call"), default="exit",
-                       help="exit: archive on demotion/checkpoint/shutdown; call: commit each call's agent (needs --archive)")
+    model.add_argument("--durability", choices=("exit", "call", "lazy"), default=None,
+                       help="exit (default alone): archive on demotion/checkpoint/shutdown; call (default in a cluster): "
+                            "commit each call's agent; lazy (cluster): ledger each call, KV when parked or idle")
+    clu = p.add_argument_group("cluster (replicas sharing a PostgreSQL archive; see docs/scale-out.md)")
+    clu.add_argument("--archive-url", default=None, metavar="URL",
+                     help="shared archive (postgresql://...): cluster mode, every agent served under its lease")
+    clu.add_argument("--replica-id", default="", help="this replica's lease owner name (default host:pid)")
+    clu.add_argument("--lease-ttl", type=float, default=10.0, metavar="S",
+                     help="agent lease length; a killed replica's agents move after at most this long (10)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; more is a 413 (4 MiB)")
     lim.add_argument("--max-prompt-tokens", type=int, default=0, help="largest prompt; more is a 413 (0 = agent capacity)")
@@ -79,8 +86,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from agentmem.server.auth import KeyRing
     from agentmem.server.settings import ServerSettings
 
+    if args.archive_url and args.archive:
+        raise ConfigError("pass one archive: --archive PATH (one server) or --archive-url URL (a cluster)")
     options: dict[str, Any] = {"model_path": args.model, "archive_path": args.archive, "resident_agents": args.resident,
                                "n_ctx": args.n_ctx, "n_threads": args.threads}
+    if args.archive_url:
+        options["archive_url"] = args.archive_url
     if args.park_codec:
         options["park_codec"] = args.park_codec
     options.update(_pool_options(args.pool_option))
@@ -90,9 +101,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
         max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
-        metrics_public=args.metrics_public, durability=args.durability,
+        metrics_public=args.metrics_public,
+        durability=args.durability or ("call" if args.archive_url else "exit"),
+        cluster=bool(args.archive_url), replica_id=args.replica_id, lease_ttl_s=args.lease_ttl,
     )
-    if settings.durability == "call" and not config.archive_path:
+    if settings.durability == "call" and not (config.archive_path or args.archive_url):
         raise ConfigError("--durability call needs --archive")
     keys = KeyRing.build(api_keys=args.api_key, keys_file=args.keys_file)
     return config, settings, keys
@@ -117,8 +130,14 @@ def run_args(args: argparse.Namespace) -> int:
     from agentmem.pool import MemoryPool
 
     # opened before uvicorn starts: a missing model or a locked archive is one line on stderr, status 2
-    pool = MemoryPool(config=config)
-    app = create_app(pool, settings=settings, keys=keys, own_pool=True)
+    replica = None
+    if settings.cluster:
+        from agentmem.cluster import open_replica
+
+        pool, replica = open_replica(config, settings)
+    else:
+        pool = MemoryPool(config=config)
+    app = create_app(pool, settings=settings, keys=keys, own_pool=True, replica=replica)
     server = uvicorn.Server(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=args.log_level,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s + 0.999)), lifespan="on",

@@ -98,10 +98,14 @@ class Engine:
         pool: an open `MemoryPool`, or a `PoolConfig` to open at `start`.
         settings: the server settings.
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
+        replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
+            lease and commits fenced by it; `None`: this server alone owns its archive.
     """
 
-    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *, own_pool: bool | None = None) -> None:
+    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *, own_pool: bool | None = None,
+                 replica: Any = None) -> None:
         self.settings = settings
+        self.replica = replica
         self._config = pool if isinstance(pool, PoolConfig) else None
         self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
         self.own_pool = self._config is not None if own_pool is None else own_pool
@@ -127,6 +131,8 @@ class Engine:
         """Open the pool (when given a config); an archive resumes its agents."""
         if self.pool is None and self._config is not None:
             self.pool = await asyncio.to_thread(MemoryPool, config=self._config)
+        if self.replica is not None:
+            self.replica.start()
 
     async def stop(self) -> None:
         """Finish or cancel in-flight calls, then close an owned pool (checkpointing its archive)."""
@@ -134,6 +140,8 @@ class Engine:
         if self.pool is not None and self.own_pool:
             await asyncio.to_thread(self.pool.close)
             logger.info("pool closed")
+        if self.replica is not None:  # after the pool stored its agents under their leases
+            await asyncio.to_thread(self.replica.close)
 
     def _pool(self) -> MemoryPool:
         if self.pool is None or self.pool.closed:
@@ -202,7 +210,7 @@ class Engine:
         holder = StreamHolder(call)
         self.processing += 1
         try:
-            async with self.queue.agent(call.agent_id):
+            async with self.queue.agent(call.agent_id), self._owned(call.agent_id):
                 result = None
                 async with contextlib.aclosing(self.queue.stream(self._open(call))) as items:
                     async for item in items:
@@ -228,12 +236,18 @@ class Engine:
                 rest = holder.rest(reply)
                 if rest:
                     yield ("text", rest)
-                if self.settings.durability == "call":
+                if self.replica is not None:
+                    await self.replica.commit(call.agent_id)  # fenced by the agent's lease
+                elif self.settings.durability == "call":
                     # still holding the agent: the state written is the one this call left
                     await asyncio.to_thread(self._pool().commit, call.agent_id)
                 yield ("done", Outcome(call, results, reply, retried, rewrite))
         finally:
             self.processing -= 1
+
+    def _owned(self, agent_id: str) -> Any:
+        """Cluster mode: hold `agent_id`'s lease (re-reading a stale local copy) for the block."""
+        return self.replica.serving(agent_id) if self.replica is not None else contextlib.nullcontext()
 
     def _kv_holds(self, call: PoolCall, reply: Reply) -> bool:
         """Whether the agent's KV holds the reply's calls token for token as the next prompt renders them."""
@@ -283,12 +297,18 @@ class Engine:
 
     async def park(self, principal: Principal, agent_id: str, tier: str) -> dict[str, Any]:
         authorize(principal, agent_id)
-        await self._do(self._pool().park, agent_id, tier)
+        async with self._owned(agent_id):
+            await self._do(self._pool().park, agent_id, tier)
+        if self.replica is not None and tier == "cold":
+            await self.replica.released(agent_id)
         return await self.show_agent(principal, agent_id)
 
     async def forget(self, principal: Principal, agent_id: str) -> None:
         authorize(principal, agent_id)
-        await self._do(self._pool().forget, agent_id)
+        async with self._owned(agent_id):
+            await self._do(self._pool().forget, agent_id)
+        if self.replica is not None:
+            await self.replica.released(agent_id)
 
     async def pin(self, principal: Principal, agent_id: str, message_index: int, pinned: bool) -> int:
         authorize(principal, agent_id)
@@ -316,8 +336,8 @@ class Engine:
         if not principal.admin:
             raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
         pool = self._pool()
-        if pool.config.archive_path is None:
-            raise ConfigError("checkpoint needs a server started with --archive")
+        if pool.config.archive_path is None and not getattr(pool.config, "archive_url", None):
+            raise ConfigError("checkpoint needs a server started with --archive or --archive-url")
         await self._do(pool.checkpoint)
 
 

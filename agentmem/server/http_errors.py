@@ -14,12 +14,15 @@ clients read into their exceptions (`openai.BadRequestError` for 400, ...).
 | body or prompt too large | 413 | `request_too_large` |
 | the key's concurrency limit | 429 | `rate_limit_exceeded` |
 | the server is starting or shutting down | 503 | `unavailable` |
+| `LeaseHeldError`: another replica serves the agent (cluster mode; `Retry-After`) | 503 | `agent_elsewhere` |
+| `LeaseLostError`: this replica lost the agent mid-call (cluster mode; `Retry-After`) | 503 | `lease_lost` |
 | anything else (a server fault, logged) | 500 | `internal_error` |
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from agentmem.errors import (
@@ -27,6 +30,8 @@ from agentmem.errors import (
     ChatTemplateError,
     ConfigError,
     ContextOverflowError,
+    LeaseHeldError,
+    LeaseLostError,
     MessageError,
     PolicyError,
     UnknownAgentError,
@@ -48,11 +53,14 @@ class ApiError(Exception):
         message: what the client is told.
         code: the machine-readable `code`.
         param: the request field at fault, if any.
+        headers: extra response headers (`Retry-After`).
     """
 
-    def __init__(self, status: int, message: str, *, code: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         """The JSON body."""
@@ -70,6 +78,13 @@ def from_exception(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, LeaseHeldError):
+        retry = str(max(1, math.ceil(exc.expires_in_s)))
+        return ApiError(503, f"{exc}; another replica serves this agent, retry in {retry} s", code="agent_elsewhere",
+                        headers={"Retry-After": retry})
+    if isinstance(exc, LeaseLostError):
+        return ApiError(503, f"{exc}; the call's result was not stored, retry it", code="lease_lost",
+                        headers={"Retry-After": "1"})
     if isinstance(exc, UnknownAgentError):
         return ApiError(404, str(exc), code="agent_not_found")
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):

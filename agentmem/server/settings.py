@@ -25,7 +25,7 @@ anonymous agent per API key, or one for the whole server without keys)."""
 
 
 #: When agents are written to the archive (see `ServerSettings.durability`).
-DURABILITY = ("exit", "call")
+DURABILITY = ("exit", "call", "lazy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +52,16 @@ class ServerSettings:
         durability: `exit` (default): agents reach the archive when demoted, on
             `checkpoint` and at shutdown; a SIGKILL loses what changed since. `call`:
             every call's agent (ledger and KV state) is committed to the archive before
-            its response ends, so a SIGKILL loses nothing that was answered.
+            its response ends, so a SIGKILL loses nothing that was answered. `lazy`
+            (cluster mode only): the ledger after every call, the KV state when the agent
+            is parked, goes idle (its lease is released) or the server stops.
+        cluster: one replica of several sharing an archive (`--archive-url`): an agent
+            is served only under its lease, and its writes are fenced by it; durability
+            must be `call` or `lazy`.
+        replica_id: this replica's lease owner name (`""`: `host:pid` at start).
+        lease_ttl_s: lease length; renewed every third of it while the agent is in use,
+            released after as long without a call. A killed replica's agents move after
+            at most this long.
     """
 
     host: str = "127.0.0.1"
@@ -67,6 +76,9 @@ class ServerSettings:
     shutdown_grace_s: float = 10.0
     metrics_public: bool = False
     durability: str = "exit"
+    cluster: bool = False
+    replica_id: str = ""
+    lease_ttl_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -87,6 +99,14 @@ class ServerSettings:
             )
         if self.durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {', '.join(DURABILITY)}, got {self.durability!r}")
+        if self.cluster and self.durability == "exit":
+            raise ConfigError("durability must be call or lazy in cluster mode (--archive-url), got 'exit'")
+        if not self.cluster and self.durability == "lazy":
+            raise ConfigError("durability lazy needs cluster mode (--archive-url)")
+        if not isinstance(self.replica_id, str):
+            raise ConfigError(f"replica_id must be a string, got {self.replica_id!r}")
+        if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, (int, float)) or self.lease_ttl_s < 1:
+            raise ConfigError(f"lease_ttl_s must be a number >= 1, got {self.lease_ttl_s!r}")
         if not isinstance(self.shutdown_grace_s, (int, float)) or self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be a number >= 0, got {self.shutdown_grace_s!r}")
 
