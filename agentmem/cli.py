@@ -117,10 +117,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: set[
 
 
 def _open(path: str, *, readonly: bool) -> Any:
+    """The archive named by `path`: a SQLite file or a `postgresql://` URL."""
     # Imported here so `agentmem --help` stays fast and independent of numpy.
-    from agentmem.archive import Archive
+    from agentmem.archive import open_archive
 
-    return Archive(path, readonly=readonly)
+    return open_archive(path, readonly=readonly)
+
+
+def _label(path: str) -> str:
+    """`path` as printed: a PostgreSQL URL loses its password."""
+    from agentmem.archive.postgres import is_postgres_url, redact_url
+
+    return redact_url(path) if is_postgres_url(path) else path
 
 
 # --------------------------------------------------------------------------- archive
@@ -133,7 +141,7 @@ def _archive_ls(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(a) | {"n_bytes": a.n_bytes} for a in agents], indent=2))
         return EXIT_OK
     if not agents:
-        print(f"{args.path}: no agents")
+        print(f"{_label(args.path)}: no agents")
         return EXIT_OK
     rows = [
         (
@@ -157,7 +165,7 @@ def _archive_show(args: argparse.Namespace) -> int:
     with _open(args.path, readonly=True) as arc:
         agent = arc.get_agent(args.agent)
         if agent is None:
-            raise UnknownAgentError(f"{args.path}: no agent {args.agent!r}")
+            raise UnknownAgentError(f"{_label(args.path)}: no agent {args.agent!r}")
         ledger = arc.get_ledger(args.agent)
         state = arc.get_state_info(args.agent)
         events = arc.events(args.agent, limit=args.events)
@@ -225,7 +233,7 @@ def _archive_rm(args: argparse.Namespace) -> int:
     with _open(args.path, readonly=False) as arc:
         missing = [a for a in args.agents if arc.get_agent(a) is None]
         if missing:
-            raise UnknownAgentError(f"{args.path}: no agent {', '.join(map(repr, missing))}; nothing removed")
+            raise UnknownAgentError(f"{_label(args.path)}: no agent {', '.join(map(repr, missing))}; nothing removed")
         with arc.transaction():
             for agent_id in args.agents:
                 arc.delete_agent(agent_id)
@@ -239,7 +247,7 @@ def _archive_vacuum(args: argparse.Namespace) -> int:
         result = arc.vacuum()
     saved = result.bytes_before - result.bytes_after
     print(
-        f"{args.path}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
+        f"{_label(args.path)}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
         f"({human_bytes(saved)} freed)"
     )
     return EXIT_OK
@@ -265,28 +273,28 @@ def _add_archive_commands(sub: argparse._SubParsersAction) -> None:
     cmds = p.add_subparsers(dest="archive_command", metavar="COMMAND", required=True)
 
     ls = cmds.add_parser("ls", help="list agents with tokens, tier, codec and bytes")
-    ls.add_argument("path", metavar="PATH")
+    ls.add_argument("path", metavar="PATH", help="a SQLite archive file or a postgresql:// URL")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(handler=_archive_ls)
 
     show = cmds.add_parser("show", help="show one agent: record, ledger, state, events")
-    show.add_argument("path", metavar="PATH")
+    show.add_argument("path", metavar="PATH", help="a SQLite archive file or a postgresql:// URL")
     show.add_argument("agent", metavar="AGENT")
     show.add_argument("--events", type=int, default=10, metavar="N", help="recent events to show (10)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=_archive_show)
 
     rm = cmds.add_parser("rm", help="delete agents with their ledger, state and history")
-    rm.add_argument("path", metavar="PATH")
+    rm.add_argument("path", metavar="PATH", help="a SQLite archive file or a postgresql:// URL")
     rm.add_argument("agents", metavar="AGENT", nargs="+")
     rm.set_defaults(handler=_archive_rm)
 
     vac = cmds.add_parser("vacuum", help="compact the file; prints bytes before/after")
-    vac.add_argument("path", metavar="PATH")
+    vac.add_argument("path", metavar="PATH", help="a SQLite archive file or a postgresql:// URL")
     vac.set_defaults(handler=_archive_vacuum)
 
     search = cmds.add_parser("search", help="full-text search of evicted text")
-    search.add_argument("path", metavar="PATH")
+    search.add_argument("path", metavar="PATH", help="a SQLite archive file or a postgresql:// URL")
     search.add_argument("query", metavar="QUERY")
     search.add_argument("--agent", default=None, help="only this agent's spans")
     search.add_argument("-k", type=int, default=5, help="results (5)")

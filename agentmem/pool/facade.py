@@ -314,7 +314,7 @@ class MemoryPool:
             if a.busy:
                 raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
             if tier not in core.tiers:
-                raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path)")
+                raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
             current = core.where(a)[0]
             if current != "empty" and current != tier:
                 self._mover.move(a, tier)
@@ -450,7 +450,7 @@ class MemoryPool:
         """
         self._check_open()
         if self._core.archive is None:
-            raise ConfigError("checkpoint() needs archive_path")
+            raise ConfigError("checkpoint() needs archive_path or archive_url")
         failed = self._mover.save_all(final=False)
         if failed:
             raise ArchiveError(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
@@ -471,7 +471,7 @@ class MemoryPool:
         self._check_open()
         core = self._core
         if core.archive is None:
-            raise ConfigError("commit() needs archive_path")
+            raise ConfigError("commit() needs archive_path or archive_url")
         with core.lock:
             a = core.agent(agent_id)
             if a.busy:

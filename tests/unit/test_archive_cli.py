@@ -185,3 +185,21 @@ def test_human_bytes() -> None:
         "5.0 MiB",
         "3.0 TiB",
     ]
+
+
+def test_ls_and_search_read_a_postgresql_archive_and_hide_its_password(postgres_url: str, capsys) -> None:
+    from agentmem.archive import open_archive
+
+    with open_archive(postgres_url) as a:
+        a.put_ledger("planner", np.arange(20), [(0, 20, "user", 0)])
+        a.add_evicted_span("planner", 0, 20, "user", "Ship the invoice parser by Friday")
+    assert main(["archive", "ls", postgres_url]) == 0
+    out = capsys.readouterr().out
+    assert "planner" in out
+    assert main(["archive", "search", postgres_url, "invoice", "--agent", "planner"]) == 0
+    assert "invoice parser" in capsys.readouterr().out
+    assert main(["archive", "show", postgres_url, "nobody"]) != 0
+    err = capsys.readouterr()
+    password = postgres_url.split("://", 1)[1].split("@", 1)[0].partition(":")[2]
+    if password:
+        assert password not in err.out + err.err
