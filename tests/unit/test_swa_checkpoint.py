@@ -3,6 +3,8 @@ the last reply differently (the blob keeps the SWA layers only for the last wind
 
 from __future__ import annotations
 
+import pytest
+
 from agentmem import MemoryPool
 
 
@@ -71,6 +73,7 @@ def test_a_handoff_destination_never_rolls_back_to_its_old_prompt_end(tiny_gemma
         assert p.chat("d", follow, max_tokens=8).tokens == got.tokens
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_a_cut_inside_the_gap_of_a_restored_shared_state_re_prefills(tiny_gemma3_path):
     """Regression (soak, #13): an agent restored from a state cut at a shared block holds the
     block's sliding-window cells from position 0 and then only its private last window, with
