@@ -11,7 +11,9 @@ with a ~`--tokens` (1,500) token history, are added 1 → 2 → 4 → 8 (`--coun
 count the probe agent (always resident, the first one) takes `--repeats` new turns in each
 pool, interleaved (unified, per-sequence, unified, ...), each the same ~25-token question
 after the same history (only the turn is decoded), generating `--decode-tokens` tokens.
-Reported per count and layout: median TTFT, median decode tokens/s, the ratio to the
+Reported per count and layout: median TTFT, median decode tokens/s, the median process
+CPU seconds of a turn (`time.process_time`: with `--threads 1` it counts the work, not
+the waiting, so it holds up on a busy machine better than wall time), the ratio to the
 same layout with one resident agent, and per-sequence over unified. Greedy replies of
 both layouts are compared (they must match token for token). `uptime` load averages are
 recorded at the start and the end.
@@ -88,9 +90,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 assert st["resident"] == n, (st["resident"], n)
             fill_s = time.perf_counter() - t_fill
             samples: dict[str, list[Any]] = {lay: [] for lay in LAYOUTS}
+            cpu: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
             for k in range(args.repeats):
                 for lay in (LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]):
+                    c0 = time.process_time()
                     r = probe_turn(pools[lay], base, k + 1, args.decode_tokens)
+                    cpu[lay].append(time.process_time() - c0)
                     samples[lay].append(r)
                     replies[lay].append(list(r.tokens))
             for lay in LAYOUTS:
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "resident": n, "layout": lay,
                     "ttft_s": statistics.median(r.timings.ttft_s for r in rs),
                     "decode_tok_s": statistics.median((len(r.tokens) - 1) / r.timings.decode_s for r in rs if r.timings.decode_s > 0),
+                    "cpu_s": statistics.median(cpu[lay]),
                     "prefilled": statistics.median(r.usage.prompt_tokens - r.usage.cached_tokens for r in rs),
                     "kv": sorted({r.kv for r in rs}),
                 }
@@ -109,6 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             p.close()
     ended = load()
     same = replies["unified"] == replies["per_sequence"]
+    differ = [i for i, (u, q) in enumerate(zip(replies["unified"], replies["per_sequence"])) if u != q]
     out_rows = []
     for n in counts:
         u, s = rows[(n, "unified")], rows[(n, "per_sequence")]
@@ -116,25 +123,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             one = rows[(counts[0], r["layout"])]
             r["ttft_vs_first"] = r["ttft_s"] / one["ttft_s"]
             r["decode_vs_first"] = r["decode_tok_s"] / one["decode_tok_s"]
+            r["cpu_vs_first"] = r["cpu_s"] / one["cpu_s"]
         s["ttft_vs_unified"] = s["ttft_s"] / u["ttft_s"]
         s["decode_vs_unified"] = s["decode_tok_s"] / u["decode_tok_s"]
+        s["cpu_vs_unified"] = s["cpu_s"] / u["cpu_s"]
         out_rows += [u, s]
     return {"model": args.model, "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats,
             "decode_tokens": args.decode_tokens, "n_ctx": n_ctx, "load_start": started, "load_end": ended,
-            "replies_identical": same, "rule_per_sequence_from": PER_SEQUENCE_FROM, "rows": out_rows}
+            "replies_identical": same, "replies_differing": differ, "rule_per_sequence_from": PER_SEQUENCE_FROM, "rows": out_rows}
 
 
 def report(res: dict[str, Any]) -> str:
     hdr = ["resident agents", "layout", "new-turn TTFT", "vs 1 resident", "decode tok/s", "vs 1 resident",
-           "per-seq / unified TTFT", "per-seq / unified decode"]
+           "CPU s per turn", "vs 1 resident", "per-seq / unified TTFT", "per-seq / unified decode", "per-seq / unified CPU"]
     body = []
     for r in res["rows"]:
         per = r["layout"] == "per_sequence"
         body.append([r["resident"], r["layout"], f"{1e3 * r['ttft_s']:.0f} ms", f"{r['ttft_vs_first']:.2f}x",
-                     f"{r['decode_tok_s']:.1f}", f"{r['decode_vs_first']:.2f}x",
-                     f"{r['ttft_vs_unified']:.2f}x" if per else "", f"{r['decode_vs_unified']:.2f}x" if per else ""])
+                     f"{r['decode_tok_s']:.1f}", f"{r['decode_vs_first']:.2f}x", f"{r['cpu_s']:.2f}", f"{r['cpu_vs_first']:.2f}x",
+                     f"{r['ttft_vs_unified']:.2f}x" if per else "", f"{r['decode_vs_unified']:.2f}x" if per else "",
+                     f"{r['cpu_vs_unified']:.2f}x" if per else ""])
     lines = [table(hdr, body), "", md_table(hdr, body), "",
-             f"greedy replies identical across layouts: {res['replies_identical']}",
+             f"greedy replies identical across layouts: {res['replies_identical']} (differing probe turns: {res['replies_differing']})",
              f"load averages: start {res['load_start']}, end {res['load_end']}",
              f"auto rule: per_sequence from {res['rule_per_sequence_from']} resident agents "
              "(when agent_capacity fits a stream)"]

@@ -1,0 +1,30 @@
+"""Both KV layouts on the real models: the same greedy replies through parks, restores and a shared brief."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentmem import MemoryPool
+
+pytestmark = pytest.mark.integration
+
+BRIEF = {"role": "system", "content": "You review pull requests for a payments service. " * 24}
+
+
+def test_unified_and_per_sequence_streams_give_identical_greedy_replies(default_model_path):
+    out: dict[str, list[list[int]]] = {}
+    for layout in ("unified", "per_sequence"):
+        with MemoryPool(default_model_path, n_ctx=4096, resident_agents=2, n_threads=2, prefetch=False,
+                        batch_decode=False, kv_layout=layout) as p:
+            hist = {a: [BRIEF] for a in ("planner", "coder", "tester")}
+            got = []
+            for k in range(2):
+                for a in hist:
+                    msgs = hist[a] + [{"role": "user", "content": f"Round {k}: what should the {a} check first?"}]
+                    r = p.chat(a, msgs, max_tokens=8)
+                    got.append(r.tokens)
+                    hist[a] = msgs + [{"role": "assistant", "content": r.text}]
+            t = p.stats()["totals"]
+            assert t["kv_layout"] == layout and t["restores"] > 0 and t["shared_prefix_hits"] > 0, t
+            out[layout] = got
+    assert out["unified"] == out["per_sequence"]
