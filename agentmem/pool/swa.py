@@ -113,8 +113,9 @@ class SlidingWindow(NoWindow):
     def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
         # The blob keeps the sliding-window layers only for the window before its end.
         # The app usually re-sends the reply slightly differently (trimmed, edited), so
-        # keep those layers as of the prompt's end too: a restore can then roll back to
-        # it instead of re-prefilling. (Not needed when the whole history fits the
+        # keep those layers as of the prompt's end too: with the reply's cells the blob
+        # has, a restore can then be cut anywhere after the prompt end (`window_at`)
+        # instead of re-prefilling. (Not needed when the whole history fits the
         # window.) It is stored cut against the parked state's own window: only the
         # reply's cells are extra. Counted in the state's bytes. Drops `a`'s reply cells.
         assert a.seq is not None
