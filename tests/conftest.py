@@ -50,10 +50,11 @@ def _forced_kv_layout(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 @pytest.fixture
 def unified_kv_only(request: pytest.FixtureRequest) -> None:
-    """Skip under `--kv-layout per_sequence`: shared KV blocks and cells tagged for several
-    sequences exist in a unified cache only (per-sequence streams copy prefixes)."""
+    """Skip under `--kv-layout per_sequence`: shared KV blocks, linked restores and cells tagged
+    for several sequences exist in a unified cache only (per-sequence streams copy prefixes),
+    and there one agent may hold the whole context, not `n_ctx / resident_agents`."""
     if request.config.getoption("--kv-layout") == "per_sequence":
-        pytest.skip("shared KV blocks need a unified KV cache (kv_layout='unified')")
+        pytest.skip("needs a unified KV cache (shared blocks, linked restores, or an agent larger than one stream)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
