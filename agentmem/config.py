@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from agentmem.errors import ConfigError
 
-__all__ = ["PoolConfig"]
+__all__ = ["KV_LAYOUTS", "KVLayout", "PoolConfig"]
 
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+KVLayout = Literal["auto", "unified", "per_sequence"]
+KV_LAYOUTS: tuple[str, ...] = ("auto", "unified", "per_sequence")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +86,14 @@ class PoolConfig:
         min_share_tokens: a new agent whose prompt starts with at least this many
             tokens another agent (or a declared share) holds gets those cells
             copied (`seq_cp` / restore) instead of prefilling them.
+        kv_layout: how the resident agents' KV is laid out in llama.cpp: `unified` (one
+            cache for all sequences: a shared prefix is tagged, not copied, but every
+            decode attends over every occupied cell, so resident agents slow each other
+            down), `per_sequence` (one KV stream per sequence, `kv_unified=False`: an
+            agent's decode attends over its own cells only; each agent holds at most
+            `n_ctx / resident_agents` tokens and shared prefixes are copied), or `auto`
+            (the rule in `agentmem.pool.layout.choose_kv_layout`, from the measurement in
+            `benchmarks/resident_scaling.py`).
     """
 
     model_path: str | None = None
@@ -118,6 +128,7 @@ class PoolConfig:
     eviction_block: int = 32
     batch_decode: bool = True
     min_share_tokens: int = 32
+    kv_layout: KVLayout = "auto"
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -154,6 +165,8 @@ class PoolConfig:
                 ("postgresql://", "postgres://")
             ):
                 raise ConfigError("archive_url must be a postgresql:// URL")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
 

@@ -37,6 +37,32 @@ _MARKERS: dict[str, str] = {
 }
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kv-layout", default="auto", choices=("auto", "unified", "per_sequence"),
+        help="run every pool whose kv_layout is 'auto' with this layout (e.g. the sharing tests over per-sequence streams)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _forced_kv_layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kv-layout`: pools left at `kv_layout="auto"` get that layout instead of the rule's choice."""
+    forced = request.config.getoption("--kv-layout")
+    if forced != "auto":
+        import agentmem.pool.opening as opening
+
+        monkeypatch.setattr(opening, "choose_kv_layout", lambda cfg: forced if cfg.kv_layout == "auto" else cfg.kv_layout)
+
+
+@pytest.fixture
+def unified_kv_only(request: pytest.FixtureRequest) -> None:
+    """Skip under `--kv-layout per_sequence`: shared KV blocks, linked restores and cells tagged
+    for several sequences exist in a unified cache only (per-sequence streams copy prefixes),
+    and there one agent may hold the whole context, not `n_ctx / resident_agents`."""
+    if request.config.getoption("--kv-layout") == "per_sequence":
+        pytest.skip("needs a unified KV cache (shared blocks, linked restores, or an agent larger than one stream)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register the project's markers unless pyproject.toml already declares them."""
     declared = {line.split(":", 1)[0].strip() for line in config.getini("markers")}

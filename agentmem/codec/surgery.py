@@ -30,10 +30,23 @@ _TENSOR_HDR = 12  # K/V: type i32 + row_size u64; transposed V: type i32 + el_si
 
 
 def _stream_of(section: SectionLayout) -> StreamLayout | None:
-    """The one stream of a unified-cache section (`None` for an empty section)."""
-    if len(section.streams) != 1:
-        raise CodecError(f"shared blocks need a unified KV cache (one stream per section), got {len(section.streams)}")
-    return section.streams[0]
+    """The one stream of a section holding cells (`None` for an empty section).
+
+    A unified cache has one stream; with per-sequence streams (`kv_unified=False`) a
+    sequence's blob has one stream per sequence, all but its own empty. Blobs cut or
+    joined here keep the section's stream count and the index of the stream with cells
+    (llama.cpp loads a sequence's cells into that sequence's stream, whichever index
+    they came from).
+    """
+    full = [st for st in section.streams if st.n_cells]
+    if len(full) > 1:
+        raise CodecError(f"a section holds cells in {len(full)} streams; one sequence's blob has them in one")
+    return full[0] if full else (section.streams[0] if section.streams else None)
+
+
+def _zeros(n_streams: int) -> np.ndarray:
+    """The cell counts (0) of `n_streams` empty streams."""
+    return np.zeros(4 * max(0, n_streams), np.uint8)
 
 
 def _cell_stride(stream: StreamLayout) -> int:
@@ -85,8 +98,9 @@ def split_state(
     for msec, bsec in zip(mem.sections, _match_sections(mem, blk)):
         ms, bs = _stream_of(msec), _stream_of(bsec)
         parts.append(blob[msec.offset : msec.offset + 4])  # n_stream
+        n_st = max(1, len(msec.streams))
         if ms is None or ms.n_cells == 0:
-            parts.append(np.zeros(4, np.uint8))
+            parts.append(_zeros(n_st))
             orders.append(np.zeros(0, np.int32))
             continue
         shared = ms.positions < n_shared
@@ -125,9 +139,11 @@ def split_state(
         orders.append(np.where(shared, ms.positions, -1).astype(np.int32))
         keep = ~shared
         n_priv = int(keep.sum())
-        parts.append(np.frombuffer(np.uint32(n_priv).tobytes(), np.uint8))
         if n_priv == 0:
+            parts.append(_zeros(n_st))
             continue
+        parts.append(_zeros(ms.index))  # the streams before this sequence's
+        parts.append(np.frombuffer(np.uint32(n_priv).tobytes(), np.uint8))
         stride = _cell_stride(ms)
         cells = blob[ms.cells_offset : ms.cells_offset + ms.cells_size].reshape(ms.n_cells, stride)
         parts.append(cells[keep].reshape(-1))
@@ -137,6 +153,7 @@ def split_state(
             parts.append(blob[t.header_offset : t.data_offset])
             r = _rows(blob, t)
             parts.append((r[:, keep, :] if t.transposed else r[keep]).reshape(-1))
+        parts.append(_zeros(n_st - 1 - ms.index))
     lens = np.array([len(o) for o in orders], dtype=np.int32)
     order = np.concatenate([np.array([len(orders)], np.int32), lens, *orders]) if orders else np.zeros(1, np.int32)
     return np.concatenate(parts), order
@@ -225,7 +242,7 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
             src = src.copy()
             src[shared] = srt[at]  # positions -> the block's cell indices
         ref = ps if n_priv else bs  # tensor headers / cell stride come from whichever has cells
-        total += 8
+        total += 4 + 4 * max(1, len(psec.streams))
         if n and ref is not None:
             total += n * _cell_stride(ref) + 8
             for t in ref.k + ref.v:
@@ -239,10 +256,20 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
     for psec, ps, bs, src, shared, ref in plan:
         n = len(src)
         out[o : o + 4] = private_blob[psec.offset : psec.offset + 4]
-        out[o + 4 : o + 8] = np.frombuffer(np.uint32(n).tobytes(), np.uint8)
-        o += 8
+        o += 4
+        n_st = max(1, len(psec.streams))
         if n == 0:
+            out[o : o + 4 * n_st] = 0
+            o += 4 * n_st
             continue
+        # the stream with cells: the private part's, else the member's own (its seq id)
+        si = ps.index if (ps is not None and ps.n_cells) else int(np.frombuffer(private_blob[4:8].tobytes(), np.int32)[0])
+        si = si if 0 <= si < n_st else 0
+        out[o : o + 4 * si] = 0
+        o += 4 * si
+        out[o : o + 4] = np.frombuffer(np.uint32(n).tobytes(), np.uint8)
+        o += 4
+        tail_zeros = 4 * (n_st - 1 - si)
         sh_src = src[shared]
         runs = _runs(shared, sh_src)
         stride = _cell_stride(ref)
@@ -277,5 +304,7 @@ def join_state(block_blob: np.ndarray, private_blob: np.ndarray, order: np.ndarr
                 shared, sh_src, runs, 1 if rt.transposed else 0,
             )
             o += size
+        out[o : o + tail_zeros] = 0
+        o += tail_zeros
     assert o == total
     return out

@@ -83,8 +83,9 @@ class HandoffCard:
         seq_no: the pool's running handoff number.
         n_tokens: history tokens handed over (the destination's ledger length).
         n_live: KV cells handed over (positions `0..n_live-1`).
-        mode: `"shared"` (cells tagged for both, no copy: the source was live)
-            or `"restored"` (the source's parked state loaded into the destination).
+        mode: `"shared"` (cells tagged for both, no copy: the source was live),
+            `"copied"` (the live source's state copied: per-sequence KV streams share
+            no cells) or `"restored"` (the source's parked state loaded into the destination).
         fingerprint: model fingerprint both agents' KV belongs to.
         checksum: checksum of the handed token ids (see `token_checksum`).
         block: the shared KV block both now reference (positions

@@ -3,6 +3,7 @@
 * `facade` — `MemoryPool`: the public API, validation, wiring, close and checkpoints.
 * `opening` — building what a pool shares (model, context, renderer, archive, tiers) as a `PoolCore`, and wiring the collaborators.
 * `turn` — one call as named phases: admit → place → reconcile → share → prefill → generate → finish.
+* `layout` — the KV layout (one unified cache or a stream per sequence) and the rule `kv_layout="auto"` follows.
 * `decoder` — chunked prefill, and batched decode steps of concurrent agents.
 * `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.
 * `mover` — park / restore / demote / drop / forget across tiers; the `make_resident` door.

@@ -226,8 +226,8 @@ class Mover:
         core = self.core
         assert a.seq is not None and stored.block is not None and stored.order is not None
         b = core.blocks.get(stored.block)
-        if b is None or b.data is None:
-            return False
+        if b is None or b.data is None or not core.ctx.params.kv_unified:
+            return False  # (per-sequence streams: a seq_cp would copy whole streams)
         live = [x for x in (core.agents.get(r) for r in b.refs if r != a.id)
                 if x is not None and x.seq is not None and x.block == b.id]
         if not live:

@@ -22,6 +22,7 @@ from agentmem.policy.placement import get_policy
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.decoder import Decoder
+from agentmem.pool.layout import choose_kv_layout
 from agentmem.pool.mover import Mover
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
@@ -55,6 +56,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
     model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
     ctx: LlamaContext | None = None
     archive: ArchiveBase | None = None
+    unified = choose_kv_layout(cfg) == "unified"
     try:
         ctx = LlamaContext(
             model,
@@ -68,7 +70,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
                 type_k=cfg.type_k,
                 type_v=cfg.type_v,
                 swa_full=cfg.swa_full,
-                kv_unified=True,
+                kv_unified=unified,
             ),
         )
         renderer = ChatRenderer(model, cfg.chat_format)
@@ -79,7 +81,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
             "flash_attn": cfg.flash_attn,
             "swa_full": cfg.swa_full,
             "n_seq_max": cfg.resident_agents,
-            "kv_unified": True,
+            "kv_unified": unified,
             "llama": llama_build_info(),
         }
         if cfg.archive_url or cfg.archive_path:  # a shared PostgreSQL database, or a SQLite file

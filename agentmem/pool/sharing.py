@@ -71,7 +71,8 @@ class Sharing:
     def copy_prefix(self, s: AgentState, d: AgentState, n: int) -> str:
         """Give `d` (resident) the first `n` history tokens of `s` and their KV (both busy).
 
-        Returns `"shared"` (cells tagged from a live `s`) or `"restored"` (from its
+        Returns `"shared"` (cells tagged from a live `s`), `"copied"` (from a live `s`'s
+        state blob, with per-sequence KV streams) or `"restored"` (from its
         parked state). Raises `StateError` when the cells cannot be had.
         """
         core = self.core
@@ -80,7 +81,7 @@ class Sharing:
         self.reset(d)
         n_live = s.ledger.live_before(n)
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
-        if s.seq is not None:
+        if s.seq is not None and ctx.params.kv_unified:
             # the donor's sliding-window cells below its own window may have been reused
             if n_live > 0 and not self.swa.reaches(s.seq, n_live, exact=s.swa_gap):
                 raise StateError(f"agent {s.id!r} no longer holds the sliding-window cells before position {n_live}")
@@ -90,11 +91,17 @@ class Sharing:
             s.shared_upto = max(s.shared_upto, n_live)
             mode = "shared"
         else:
-            stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
-            if stored is None:
-                raise StateError(f"agent {s.id!r} has no KV state to hand off")
-            blob = self.mover.unpark_blob(stored)
-            d.swa_gap = stored.block is not None
+            # from a parked donor's state; with per-sequence streams from a live donor's too
+            # (a seq_cp between streams copies whole streams: llama.cpp aborts on a partial one)
+            if s.seq is not None:
+                blob = ctx.state_get(s.seq)
+                d.swa_gap = s.swa_gap
+            else:
+                stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
+                if stored is None:
+                    raise StateError(f"agent {s.id!r} has no KV state to hand off")
+                blob = self.mover.unpark_blob(stored)
+                d.swa_gap = stored.block is not None
             if ctx.state_set(d.seq, blob) == 0:
                 raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
             if n_live < s.ledger.n_live:
@@ -102,11 +109,12 @@ class Sharing:
                     ctx.seq_rm(d.seq)
                     raise StateError(f"agent {s.id!r} is parked past its sliding window; hand off from it while it is live")
                 ctx.seq_rm(d.seq, n_live, -1)
-            mode = "restored"
+            mode = "copied" if s.seq is not None else "restored"
         d.ledger = Ledger.from_arrays(arrays)
-        if n_live == n and n >= max(1, core.config.min_share_tokens):
+        if n_live == n and n >= max(1, core.config.min_share_tokens) and ctx.params.kv_unified:
             # one shared block for the prefix: parked copies of both then keep it once. A
             # donor's block that covers part of the prefix is reused (the rest is private).
+            # (Per-sequence streams hold no shared cells: each copy is its own.)
             b = self.blocks.of(s)
             if b is None or b.n_tokens > n_live:
                 b = self.blocks.new(d)
@@ -139,7 +147,8 @@ class Sharing:
             n = min(n, len(toks) - 1)
             if n < n_min:
                 break  # longest first: the rest are shorter
-            if x.seq is None and not self.swa.parked_can_cut(x.ledger.n_live, n):
+            # a donor's state blob keeps only its last window of the sliding-window layers
+            if (x.seq is None or not core.ctx.params.kv_unified) and not self.swa.parked_can_cut(x.ledger.n_live, n):
                 continue
             ranked.append((n, x.id))
         ranked.sort(key=lambda t: (-t[0], core.agents[t[1]].seq is None, t[1]))  # longest first, live first
@@ -213,7 +222,8 @@ class Sharing:
         core = self.core
         with core.lock:
             sh = core.agents.get(SHARE_PREFIX + name)
-            if sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end:
+            if (sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end
+                    and core.ctx.params.kv_unified):
                 b = self.blocks.of(sh)
                 if b is None or b.n_tokens != end:
                     self.blocks.join(sh, self.blocks.new(sh))

@@ -55,6 +55,7 @@ def pool_stats(core: PoolCore) -> dict[str, Any]:
         warm_bytes=tiers["warm"]["bytes"],
         cold_bytes=tiers["cold"]["bytes"],
         n_ctx=core.ctx.n_ctx,
+        kv_layout="unified" if core.ctx.params.kv_unified else "per_sequence",
         resident_agents=cfg.resident_agents,
     )
     p = totals["prefetch_hits"] + totals["prefetch_misses"]

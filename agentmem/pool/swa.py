@@ -53,12 +53,19 @@ class NoWindow:
         """The checkpoint to park with `a` (resident); `None`: none needed."""
         return None
 
-    def checkpoint_blob(self, a: AgentState, ckpt: Any) -> np.ndarray:
-        """The stored checkpoint as a blob (joined with `a`'s live cells when stored cut)."""
+    def window_at(self, a: AgentState, ckpt: Any, n_live: int) -> np.ndarray | None:
+        """The sliding-window layers `a` needs to continue after `n_live` live tokens.
+
+        Built from the checkpoint (the layers as of the prompt end) and the cells `a`
+        still holds from the prompt end up to `n_live`, so a restored agent keeps the
+        reply tokens the app re-sent. `n_live` lies between `a.prompt_end[1]` and its
+        live end; `a` must still hold its restored state. `None`: those cells are not
+        all there (a reply longer than the window); roll back to the prompt end instead.
+        """
         return ckpt
 
     def restore_checkpoint(self, seq: int, blob: np.ndarray, n_live: int) -> bool:
-        """Load a checkpoint into `seq` (cut back to `n_live`); True when it covers the window."""
+        """Load a `window_at` blob into `seq` (cut back to `n_live`); True when it covers the window."""
         return True
 
     def linked_complete(self, seq: int, order: np.ndarray, private: np.ndarray) -> bool:
@@ -106,8 +113,9 @@ class SlidingWindow(NoWindow):
     def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
         # The blob keeps the sliding-window layers only for the window before its end.
         # The app usually re-sends the reply slightly differently (trimmed, edited), so
-        # keep those layers as of the prompt's end too: a restore can then roll back to
-        # it instead of re-prefilling. (Not needed when the whole history fits the
+        # keep those layers as of the prompt's end too: with the reply's cells the blob
+        # has, a restore can then be cut anywhere after the prompt end (`window_at`)
+        # instead of re-prefilling. (Not needed when the whole history fits the
         # window.) It is stored cut against the parked state's own window: only the
         # reply's cells are extra. Counted in the state's bytes. Drops `a`'s reply cells.
         assert a.seq is not None
@@ -126,19 +134,40 @@ class SlidingWindow(NoWindow):
             cut = None
         return (cut[0], cut[1]) if cut else (ck, None)
 
-    def checkpoint_blob(self, a: AgentState, ckpt: Any) -> np.ndarray:
-        # A checkpoint shares all but the reply's cells with the state it was parked
-        # with, so it is stored cut against that state's sliding-window layers and
-        # joined here with the live ones (`a` must still hold the restored state).
+    def window_at(self, a: AgentState, ckpt: Any, n_live: int) -> np.ndarray | None:
+        # A checkpoint holds the window before the prompt end (positions below
+        # pe_live); the restored blob holds the last window before the reply's end.
+        # Their union, cut at n_live, is exactly what the sequence held when it was
+        # live: the checkpoint's cells (stored cut: only those the parked state
+        # lacks, the rest named by position) and the live cells [pe_live, n_live).
+        # The bytes are the ones llama.cpp computed; no cell is approximated.
+        assert a.seq is not None
+        pe_live = a.prompt_end[1]
+        assert pe_live <= n_live <= a.ledger.n_live, f"{pe_live=}, {n_live=}, {a.ledger.n_live=}"
+        live = self.ctx.swa_state_get(a.seq)
+        reply = np.arange(pe_live, n_live, dtype=np.int32)
         if isinstance(ckpt, tuple):
             private, order = ckpt
-            assert a.seq is not None
-            return join_state(self.ctx.swa_state_get(a.seq), private, order)
-        return ckpt
+            n_sec = int(order[0])
+            lens = order[1 : 1 + n_sec]
+            secs = np.split(order[1 + n_sec :], np.cumsum(lens)[:-1]) if n_sec else []
+        else:
+            private = ckpt
+            secs = [np.full(s.n_cells, -1, np.int32) for s in parse_state(private).sections]
+        if reply.size:
+            live_layout = parse_state(live)
+            if any(not np.isin(reply, s.positions).all() for s in live_layout.sections[len(live_layout.sections) - len(secs):]):
+                return None  # the live window no longer holds the whole reply
+        # every section of a sliding-window-only blob is a windowed cache: each gets the reply's cells
+        secs = [np.concatenate([s.astype(np.int32), reply]) for s in secs]
+        if not secs:
+            return None
+        order = np.concatenate([np.array([len(secs)], np.int32), np.array([len(s) for s in secs], np.int32), *secs])
+        return join_state(live, private, order)
 
     def restore_checkpoint(self, seq: int, blob: np.ndarray, n_live: int) -> bool:
-        # usable only when its window ends exactly where the ledger was cut (a checkpoint of
-        # another prompt end would leave the window's cells short of, or past, the ledger)
+        # usable only when its window ends exactly where the ledger was cut (a blob built for
+        # another cut would leave the window's cells short of, or past, the ledger)
         return (self.ctx.swa_state_set(seq, blob) != 0 and self.ctx.seq_pos_max(seq) == n_live - 1
                 and self._holds(parse_state(blob).positions, n_live))
 

@@ -178,13 +178,15 @@ class TurnRunner:
             # A restored state carries only the last window of the sliding-window
             # layers; cutting back below it would leave them without history.
             if ckpt is not None and keep_live >= a.prompt_end[1]:
-                try:  # (a cut checkpoint is joined with the live cells, before they change)
-                    ck_blob = self.swa.checkpoint_blob(a, ckpt)
+                try:  # the checkpoint plus the reply's cells up to the cut (built before they change)
+                    ck_blob = self.swa.window_at(a, ckpt, keep_live)
+                    if ck_blob is None:  # the reply outgrew the window: roll back to the prompt end
+                        ck_blob = self.swa.window_at(a, ckpt, a.prompt_end[1])
+                        n_keep = a.prompt_end[0]
                 except AgentMemError as exc:
                     logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
-            if ck_blob is not None:
-                n_keep = a.prompt_end[0]  # roll back to the checkpoint
-            else:
+                    ck_blob = None
+            if ck_blob is None:
                 logger.debug("agent %r: SWA cells do not reach %d; re-prefilling", a.id, keep_live)
                 n_keep = 0
         keep_live = a.ledger.truncate(n_keep)

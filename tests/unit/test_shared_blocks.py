@@ -70,6 +70,7 @@ def test_split_join_roundtrip_is_byte_exact(model):
         join_state(block, priv, order[:-1])
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_parked_members_store_the_prefix_once_and_restore_exactly(model):
     with MemoryPool(model, **opts(resident_agents=4)) as ref:
         ref.share("brief", [{"role": "system", "content": BRIEF}])
@@ -90,6 +91,7 @@ def test_parked_members_store_the_prefix_once_and_restore_exactly(model):
     assert got == want
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_block_refcounts_never_negative_and_free_at_zero(tiny_model_path):
     store = BlockStore()
     b = store.create(np.arange(3), np.zeros(4, np.uint8))
@@ -106,6 +108,7 @@ def test_block_refcounts_never_negative_and_free_at_zero(tiny_model_path):
         assert pool.stats()["totals"]["blocks_freed"] == 1
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_archive_keeps_one_block_with_counted_references(model, tmp_path):
     path = tmp_path / "a.db"
     with MemoryPool(model, **opts(resident_agents=4, archive_path=str(path))) as pool:
@@ -148,6 +151,7 @@ def test_archive_keeps_one_block_with_counted_references(model, tmp_path):
     assert want  # the first round ran
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_eviction_inside_a_shared_prefix_does_not_move_the_other_agents_cells(tiny_model_path):
     msgs = team("plan the work")
     with MemoryPool(tiny_model_path, **opts(resident_agents=4, min_share_tokens=0)) as ref:
@@ -280,6 +284,7 @@ def test_join_finds_shared_cells_by_position_in_any_cell_order(tiny_gemma3_path)
         join_state(upper, priv, order)
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_restore_links_the_prefix_of_a_live_member(model):
     with MemoryPool(model, **opts(resident_agents=4)) as ref:
         ref.share("brief", [{"role": "system", "content": BRIEF}])

@@ -3,6 +3,8 @@ the last reply differently (the blob keeps the SWA layers only for the last wind
 
 from __future__ import annotations
 
+import pytest
+
 from agentmem import MemoryPool
 
 
@@ -71,6 +73,7 @@ def test_a_handoff_destination_never_rolls_back_to_its_old_prompt_end(tiny_gemma
         assert p.chat("d", follow, max_tokens=8).tokens == got.tokens
 
 
+@pytest.mark.usefixtures("unified_kv_only")
 def test_a_cut_inside_the_gap_of_a_restored_shared_state_re_prefills(tiny_gemma3_path):
     """Regression (soak, #13): an agent restored from a state cut at a shared block holds the
     block's sliding-window cells from position 0 and then only its private last window, with
@@ -93,3 +96,58 @@ def test_a_cut_inside_the_gap_of_a_restored_shared_state_re_prefills(tiny_gemma3
         assert got.usage.cached_tokens in (0, n_brief) or got.usage.cached_tokens >= r1.usage.prompt_tokens
     with MemoryPool(tiny_gemma3_path, **opts) as p:
         assert p.chat("a", edited, max_tokens=6).tokens == got.tokens
+
+
+def _scripted(monkeypatch, tokens: list[int]) -> None:
+    """The next call's sampler emits `tokens` (the tiny model's own greedy replies are byte soup
+    that does not re-tokenize to itself, so a re-sent reply would never match its KV)."""
+    from agentmem.engine.sampling import Sampler
+
+    it = iter(tokens)
+    monkeypatch.setattr(Sampler, "sample", lambda self, ctx_ptr, idx: next(it))
+
+
+def test_a_restored_agent_keeps_the_re_sent_part_of_its_reply_exactly(tiny_gemma3_path, monkeypatch):
+    """Regression (#15 item 5): when the app re-sent the reply cut short of what the KV held
+    (trimmed, edited, a stop string's tokens), a restored sliding-window agent rolled back to
+    its prompt end and re-prefilled the reply tokens it had: the blob keeps the window only
+    before the reply's end, so any cut of 2+ tokens failed the reach test. The checkpoint plus
+    the reply's live cells hold the window at every cut after the prompt end: the re-sent
+    part is kept, and the KV the call continues from is the never-parked agent's, byte for byte."""
+    from tests.fixtures.kv_probe import after_reconcile
+
+    first = conv("tell me about the weather in paris today please")
+    reply = "the weather in paris is mild and the sky is clear"
+    opts = dict(n_ctx=1024, resident_agents=1, n_batch=64, prefetch=False, min_share_tokens=0, batch_decode=False)
+
+    def first_call(p):
+        whole = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok"}]
+        n0 = len(p.renderer.render(first).tokens)
+        reply_ids = p.renderer.render(whole).tokens[n0 : n0 + 10]
+        _scripted(monkeypatch, reply_ids)
+        r = p.chat("a", first, max_tokens=10)
+        monkeypatch.undo()
+        assert r.tokens == reply_ids and len(r.tokens) == 10  # 9 in the KV (the 10th was never decoded)
+        return r
+
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        r1 = first_call(p)
+        cut = p.model.detokenize(r1.tokens[:6])  # the app keeps the first 6 reply tokens
+        follow = first + [{"role": "assistant", "content": cut}, {"role": "user", "content": "and tomorrow?"}]
+        p.chat("b", conv("something else"), max_tokens=2)  # parks a
+        with after_reconcile(p) as seen:
+            r2 = p.chat("a", follow, max_tokens=8)
+        assert r2.kv == "restored"
+    with MemoryPool(tiny_gemma3_path, **opts) as p:
+        first_call(p)
+        with after_reconcile(p) as seen_never:
+            never = p.chat("a", follow, max_tokens=8)
+    kept_reply = r2.usage.cached_tokens - r1.usage.prompt_tokens
+    assert kept_reply >= 5, (r2.usage.cached_tokens, r1.usage.prompt_tokens)  # was 0: rolled back to the prompt end
+    assert r2.usage.cached_tokens == never.usage.cached_tokens
+    (n_keep, rows), (n_keep_never, rows_never) = seen[0], seen_never[0]
+    assert n_keep == n_keep_never
+    window = range(max(0, n_keep - 16 + 1), n_keep)  # no eviction: history tokens are live positions
+    assert all(rows[q] == rows_never[q] for q in window), [q for q in window if rows.get(q) != rows_never.get(q)]
+    assert max(rows) == n_keep - 1  # nothing past the cut
+    assert r2.tokens == never.tokens
