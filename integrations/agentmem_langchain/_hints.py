@@ -149,8 +149,8 @@ _followers_guard = threading.Lock()
 
 def follower_for(graph: Any) -> GraphFollower:
     """The `GraphFollower` of `graph`, shared by every model that follows it."""
-    if isinstance(graph, Mapping):
-        return GraphFollower(graph)
+    if isinstance(graph, Mapping) or not hasattr(graph, "get_graph"):
+        return GraphFollower(graph)  # a mapping (not shared), or the TypeError naming what is expected
     with _followers_guard:
         f = _followers.get(graph)
         if f is None:
