@@ -19,7 +19,7 @@ from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_
 from agentmem import tools as _tools
 from agentmem import validation as check
 
-from ._hints import GraphFollower, follower_for, hold_after_reply, release_on_call
+from ._hints import GraphFollower, follower_for, hold_after_reply
 from ._identity import AgentIdFromConfig, resolve_agent
 from ._rewrites import is_summarizer_call
 
@@ -361,9 +361,8 @@ class AgentMemFields(BaseModel):
         return self
 
     def _before_call(self, agent_id: str, config: RunnableConfig) -> None:
-        pool = self.get_pool()
-        release_on_call(pool, agent_id)
         if self._follower is not None:
+            pool = self.get_pool()
             try:
                 auto = agent_id == self._auto_agent(config)  # the id follows the node (and thread) it runs in
             except AgentMemError:

@@ -2,9 +2,10 @@
 
 * **Tool calls** — a reply that ends in a tool call means its agent is called again as
   soon as the tool returns: the agent is held resident (`MemoryPool.hold`, TTL from its
-  reload cost) and released (`MemoryPool.unhold`) when its next call starts.
+  reload cost); the pool ends the hold when the agent's next call starts.
 * **Graph edges** — after `model.follow(graph)`, a call from node `n` tells the pool which
-  agents run next (`MemoryPool.expect`, nearest first): the model-calling nodes reachable
+  agents run from now on (`MemoryPool.expect`): this call's agent first (so that
+  prefetching the others never gives up its sequence), then the model-calling nodes reachable
   from `n` along the compiled graph's edges, in breadth-first order (direct edges before
   conditional ones at the same distance). Which nodes call a model is learned as they do,
   so tool nodes and plain functions are stepped over.
@@ -25,17 +26,13 @@ from agentmem import AgentMemError, MemoryPool
 
 from ._identity import node_path, with_node
 
-__all__ = ["GraphFollower", "follower_for", "hold_after_reply", "release_on_call"]
+__all__ = ["GraphFollower", "follower_for", "hold_after_reply"]
 
 logger = logging.getLogger(__name__)
 
 #: Expected agents sent with one hint at most (the pool cannot prefetch more than it has sequences for).
 MAX_EXPECTED = 8
 _START, _END = "__start__", "__end__"
-
-_held: weakref.WeakKeyDictionary[MemoryPool, set[str]] = weakref.WeakKeyDictionary()
-_held_guard = threading.Lock()
-
 
 def _hint(pool: MemoryPool, name: str, *args: Any, **kwargs: Any) -> bool:
     """Call `pool.<name>(...)` if the pool has it; `True` when it was sent."""
@@ -50,23 +47,10 @@ def _hint(pool: MemoryPool, name: str, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
-def release_on_call(pool: MemoryPool, agent_id: str) -> None:
-    """A call of `agent_id` starts: the tool result it waited for has arrived, so its hold ends."""
-    with _held_guard:
-        held = _held.get(pool)
-        if not held or agent_id not in held:
-            return
-        held.discard(agent_id)
-    _hint(pool, "unhold", agent_id)
-
-
 def hold_after_reply(pool: MemoryPool, agent_id: str, ends_in_tool_call: bool) -> None:
     """Hold `agent_id` resident when its reply ended in a tool call (TTL from its reload cost)."""
-    if not ends_in_tool_call:
-        return
-    if _hint(pool, "hold", agent_id, ttl_s=None):
-        with _held_guard:
-            _held.setdefault(pool, set()).add(agent_id)
+    if ends_in_tool_call:
+        _hint(pool, "hold", agent_id, ttl_s=None)
 
 
 class GraphFollower:
@@ -139,8 +123,8 @@ class GraphFollower:
             return
         self.saw(node, agent_id, auto=auto)
         ids = [a for a in self.expected(config, resolve) if a != agent_id]
-        if ids:
-            _hint(pool, "expect", ids, soon=True)
+        if ids:  # this call first: it is the next call, and the others are prefetched behind it
+            _hint(pool, "expect", [agent_id, *ids], soon=True)
 
 
 _followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()
