@@ -274,35 +274,31 @@ class AgentMemFields(BaseModel):
     # LangGraph's thread and node included); hints go to the pool around the call (`_hints`).
     def invoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
         kwargs, cfg = self._with_config_agent(config, kwargs)
-        self._before_call(kwargs["agent_id"], cfg)
         out = super().invoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
-        self._after_reply(kwargs["agent_id"], _ends_in_tool_call(out))
+        self._after_reply(kwargs["agent_id"], cfg, _ends_in_tool_call(out))
         return out
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
         kwargs, cfg = self._with_config_agent(config, kwargs)
-        self._before_call(kwargs["agent_id"], cfg)
         out = await super().ainvoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
-        self._after_reply(kwargs["agent_id"], _ends_in_tool_call(out))
+        self._after_reply(kwargs["agent_id"], cfg, _ends_in_tool_call(out))
         return out
 
     def stream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Iterator[Any]:
         kwargs, cfg = self._with_config_agent(config, kwargs)
-        self._before_call(kwargs["agent_id"], cfg)
         tool = False
         for chunk in super().stream(input, config, stop=stop, **kwargs):  # type: ignore[misc]
             tool = tool or bool(getattr(chunk, "tool_call_chunks", None))
             yield chunk
-        self._after_reply(kwargs["agent_id"], tool)
+        self._after_reply(kwargs["agent_id"], cfg, tool)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         kwargs, cfg = self._with_config_agent(config, kwargs)
-        self._before_call(kwargs["agent_id"], cfg)
         tool = False
         async for chunk in super().astream(input, config, stop=stop, **kwargs):  # type: ignore[misc]
             tool = tool or bool(getattr(chunk, "tool_call_chunks", None))
             yield chunk
-        self._after_reply(kwargs["agent_id"], tool)
+        self._after_reply(kwargs["agent_id"], cfg, tool)
 
     def resolve_agent_id(self, config: RunnableConfig | None = None, *, agent_id: str | None = None) -> str:
         """The agent a call with run config `config` (and call argument `agent_id`) continues.
@@ -360,18 +356,16 @@ class AgentMemFields(BaseModel):
         self._follower = follower_for(graph)
         return self
 
-    def _before_call(self, agent_id: str, config: RunnableConfig) -> None:
+    def _after_reply(self, agent_id: str, config: RunnableConfig, ends_in_tool_call: bool) -> None:
+        """Hints once a reply is complete: hold a tool-calling agent; expect the graph's next agents."""
+        if ends_in_tool_call:
+            hold_after_reply(self.get_pool(), agent_id, True)
         if self._follower is not None:
-            pool = self.get_pool()
             try:
                 auto = agent_id == self._auto_agent(config)  # the id follows the node (and thread) it runs in
             except AgentMemError:
                 auto = False
-            self._follower.expect(pool, agent_id, config, self._auto_agent, auto=auto)
-
-    def _after_reply(self, agent_id: str, ends_in_tool_call: bool) -> None:
-        if ends_in_tool_call:
-            hold_after_reply(self.get_pool(), agent_id, True)
+            self._follower.expect(self.get_pool(), agent_id, config, self._auto_agent, auto=auto)
 
     @staticmethod
     def _reject_unknown(kwargs: Mapping[str, Any], allowed: set[str]) -> None:

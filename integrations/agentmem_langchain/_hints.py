@@ -3,9 +3,8 @@
 * **Tool calls** — a reply that ends in a tool call means its agent is called again as
   soon as the tool returns: the agent is held resident (`MemoryPool.hold`, TTL from its
   reload cost); the pool ends the hold when the agent's next call starts.
-* **Graph edges** — after `model.follow(graph)`, a call from node `n` tells the pool which
-  agents run from now on (`MemoryPool.expect`): this call's agent first (so that
-  prefetching the others never gives up its sequence), then the model-calling nodes reachable
+* **Graph edges** — after `model.follow(graph)`, a reply to node `n` tells the pool which
+  agents run next (`MemoryPool.expect`, nearest first): the model-calling nodes reachable
   from `n` along the compiled graph's edges, in breadth-first order (direct edges before
   conditional ones at the same distance). Which nodes call a model is learned as they do,
   so tool nodes and plain functions are stepped over.
@@ -116,15 +115,15 @@ class GraphFollower:
         return ids
 
     def expect(self, pool: MemoryPool, agent_id: str, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str], *, auto: bool) -> None:
-        """Record this call's node and tell `pool` which agents follow it."""
+        """Record the node of a finished call and tell `pool` which agents run after it."""
         meta = config.get("metadata") or {}
         node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
         if not isinstance(node, str) or node not in self.successors or node_path(config) is None:
             return
         self.saw(node, agent_id, auto=auto)
         ids = [a for a in self.expected(config, resolve) if a != agent_id]
-        if ids:  # this call first: it is the next call, and the others are prefetched behind it
-            _hint(pool, "expect", [agent_id, *ids], soon=True)
+        if ids:
+            _hint(pool, "expect", ids, soon=True)
 
 
 _followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()

@@ -211,7 +211,7 @@ def test_text_replies_hold_nothing(pool: MemoryPool, hints: Recorder) -> None:
 
 def test_a_pool_without_the_hints_api_is_left_alone(pool: MemoryPool, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("expect", "hold", "unhold"):
-        monkeypatch.delattr(type(pool), name, raising=False)
+        monkeypatch.setattr(pool, name, None)  # what getattr finds on an older pool: nothing to call
     model = ChatAgentMem(pool=pool, agent_id="no-api", max_tokens=24)
     assert model.bind_tools([ping], tool_choice="ping").invoke("Ping.").tool_calls
 
@@ -223,12 +223,11 @@ def test_following_a_graph_expects_the_next_nodes_agents(pool: MemoryPool, hints
     app.invoke({"messages": [HumanMessage("A poem.")], "turns": 0}, {"configurable": {"thread_id": "fol"}})
     expects = [c[1] for c in hints.calls if c[0] == "expect"]
     # round 1: the critic is not known to call a model until it does; after that,
-    # each node's call expects the other node's agent (in this thread)
-    # (this call's agent first: it runs now)
-    assert expects[-2:] == [["fol/writer", "fol/critic"], ["fol/critic", "fol/writer"]], expects
+    # each node's reply expects the other node's agent (in this thread)
+    assert expects[-2:] == [["fol/critic"], ["fol/writer"]], expects
     app.invoke({"messages": [HumanMessage("A song.")], "turns": 1}, {"configurable": {"thread_id": "fol2"}})
     expects = [c[1] for c in hints.calls if c[0] == "expect"]
-    assert expects[-2:] == [["fol2/writer", "fol2/critic"], ["fol2/critic", "fol2/writer"]], expects
+    assert expects[-2:] == [["fol2/critic"], ["fol2/writer"]], expects  # the same nodes, this thread's agents
 
 
 def test_next_nodes_step_over_nodes_that_never_call_a_model() -> None:
@@ -279,3 +278,19 @@ def test_rewrite_watch_tells_extensions_from_rewrites(pool: MemoryPool) -> None:
 def test_docstring_examples(module: Any) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_hints_reach_the_pool(pool: MemoryPool) -> None:
+    """The real hints API (no recorder): expectations are counted, a tool-calling agent is held."""
+    before = pool.stats()["hints"]
+    model = ChatAgentMem(pool=pool)
+    app = _two_node_graph(model)
+    model.follow(app)
+    app.invoke({"messages": [HumanMessage("A poem.")], "turns": 0}, {"configurable": {"thread_id": "real-hints"}})
+    after = pool.stats()["hints"]
+    assert after["expected"] > before["expected"], (before, after)
+    caller = ChatAgentMem(pool=pool, agent_id="real-hold", max_tokens=8)
+    assert caller.bind_tools([ping], tool_choice="ping").invoke("Ping.").tool_calls
+    assert "real-hold" in pool.stats()["hints"]["held"]
+    caller.invoke("pong", max_tokens=1)
+    assert "real-hold" not in pool.stats()["hints"]["held"]  # the next call ended the hold
