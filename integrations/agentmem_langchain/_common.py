@@ -143,6 +143,11 @@ class AgentMemFields(BaseModel):
     unset, a call inside a LangGraph graph continues `"{thread_id}/{node}"` (see
     `resolve_agent_id`), and `"default"` outside one."""
 
+    workflow_hints: bool = True
+    """Tell the pool what the app's workflow says: hold an agent whose reply is a tool
+    call (`MemoryPool.hold`), and, after `follow(graph)`, which agents run next
+    (`MemoryPool.expect`). `False` sends nothing."""
+
     agent_id_from_config: AgentIdFromConfig | None = Field(default=None, exclude=True)
     """Hook mapping a call's `RunnableConfig` to its agent id, tried before the
     built-in thread/node rule (`None` from it falls through to that rule)."""
@@ -358,6 +363,8 @@ class AgentMemFields(BaseModel):
 
     def _after_reply(self, agent_id: str, config: RunnableConfig, ends_in_tool_call: bool) -> None:
         """Hints once a reply is complete: hold a tool-calling agent; expect the graph's next agents."""
+        if not self.workflow_hints:
+            return
         if ends_in_tool_call:
             hold_after_reply(self.get_pool(), agent_id, True)
         if self._follower is not None:
