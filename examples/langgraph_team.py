@@ -159,8 +159,17 @@ def _text_reply(model: Any, messages: list[BaseMessage], max_tokens: int) -> AIM
     return AIMessage(full.text if full is not None else "")
 
 
-def build_graph(model: Any, *, max_tokens: int = 40) -> Any:
-    """The supervisor graph; every node calls `model` (one object, no agent ids)."""
+#: The forced call of the researcher, in the form both ChatAgentMem and ChatLlamaCpp honour
+#: (ChatLlamaCpp's `bind_tools` ignores a tool name given as a plain string).
+FORCE_SEARCH = {"type": "function", "function": {"name": "search"}}
+
+
+def build_graph(model: Any, *, max_tokens: int = 40, no_tool: Any = "none") -> Any:
+    """The supervisor graph; every node calls `model` (one object, no agent ids).
+
+    `no_tool` is the `tool_choice` that keeps the tool described but not called
+    (`"none"`; ChatLlamaCpp takes `None` for that).
+    """
 
     def view(role: str, s: TeamState) -> list[BaseMessage]:
         return [SystemMessage(f"{TEAM_BRIEF}\n\n{ROLES[role]}"), *s["messages"]]
@@ -177,9 +186,9 @@ def build_graph(model: Any, *, max_tokens: int = 40) -> Any:
         return next((w for w in WORKERS if w not in s["done"]), END)
 
     def researcher(s: TeamState) -> dict[str, Any]:
-        bound = model.bind_tools([search], tool_choice="search")
+        bound = model.bind_tools([search], tool_choice=FORCE_SEARCH)
         if s["messages"] and s["messages"][-1].type == "tool":  # the tool answered: report the facts
-            reply = _text_reply(model.bind_tools([search], tool_choice="none"), view("researcher", s), max_tokens)
+            reply = _text_reply(model.bind_tools([search], tool_choice=no_tool), view("researcher", s), max_tokens)
             return {"messages": [reply], "done": [*s["done"], "researcher"]}
         call = bound.invoke(view("researcher", s), max_tokens=max_tokens)
         if call.tool_calls:  # → the ToolNode, then back here
@@ -220,7 +229,7 @@ class Team:
     recorder: CallRecorder = field(init=False)
 
     def run(self, thread: str = "team-1") -> list[Call]:
-        app = build_graph(self.backend.model, max_tokens=self.max_tokens)
+        app = build_graph(self.backend.model, max_tokens=self.max_tokens, no_tool=getattr(self.backend, "no_tool", "none"))
         self.backend.attach(app)
         self.recorder = CallRecorder(self.backend, self.printer)
         self.printer(f"{'task':>4} {'node':<10} {'agent':<16} {'kv':<9} {'cached/prompt':<11} {'ttft ms':>8} {'total ms':>8}")

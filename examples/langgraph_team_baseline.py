@@ -30,6 +30,7 @@ class ChatLlamaCppBackend:
     """Every node talks to one shared ``ChatLlamaCpp``."""
 
     name = "langchain-community ChatLlamaCpp"
+    no_tool = None  # its bind_tools takes no "none": unforced tools are described only
 
     def __init__(self, *, model: str, threads: int, max_tokens: int = 40) -> None:
         from langchain_community.chat_models import ChatLlamaCpp
@@ -46,6 +47,14 @@ class ChatLlamaCppBackend:
             model_kwargs={"flash_attn": True, "n_threads_batch": threads},
         )
         self.client = self.model.client
+        to_dicts = self.model._create_message_dicts
+
+        def message_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+            # ChatLlamaCpp sends a tool-calling AI message with content None; templates that
+            # concatenate content (ChatML) fail on it, and Qwen's renders "" and None alike
+            return [{**d, "content": d.get("content") or ""} for d in to_dicts(messages)]
+
+        object.__setattr__(self.model, "_create_message_dicts", message_dicts)
         self._first: tuple[int, int] | None = None
         evaluate = self.client.eval
 
