@@ -294,3 +294,12 @@ def test_hints_reach_the_pool(pool: MemoryPool) -> None:
     assert "real-hold" in pool.stats()["hints"]["held"]
     caller.invoke("pong", max_tokens=1)
     assert "real-hold" not in pool.stats()["hints"]["held"]  # the next call ended the hold
+
+
+def test_token_counts_with_a_native_tool_template(tiny_qwen2_path: Any) -> None:
+    """Qwen2.5's own template shows the tools (hermes): the count includes that prompt too."""
+    with MemoryPool(str(tiny_qwen2_path), n_ctx=2048, resident_agents=1, n_threads=1) as qpool:
+        model = ChatAgentMem(pool=qpool, agent_id="qwen-count", max_tokens=1)
+        msgs = [SystemMessage("You count."), HumanMessage("one two three")]
+        got = model.bind_tools([lookup], tool_choice="none").invoke(msgs).usage_metadata["input_tokens"]
+        assert model.get_num_tokens_from_messages(msgs, tools=[lookup]) == got
