@@ -17,6 +17,8 @@ prefilling its whole history again.
 * `_execute.py`: runs a plan on the pool, streams its text, redoes a malformed call and
   builds the `CreateResult`.
 * `_messages.py`: AutoGen messages and tools ↔ agentmem chat messages and tool schemas.
+* `_hints.py`: workflow hints for the pool — tool-call holds and selector candidates
+  (no app code), `follow(team)` for a team's speaker order.
 
 Needs AutoGen: `pip install 'agentmem[autogen]'`.
 """
@@ -36,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from agentmem.tools import choice_grammar
 
 from ._client import AgentMemChatCompletionClient, AgentMemChatCompletionClientConfig, clients_for
+from ._hints import follow
 from ._plan import SAMPLING_ARGS
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "AgentMemChatCompletionClientConfig",
     "choice_grammar",
     "clients_for",
+    "follow",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -87,6 +87,7 @@ def test_public_api_is_pinned():
             "AgentMemChatCompletionClientConfig",
             "choice_grammar",
             "clients_for",
+            "follow",
         ]
     )
 
