@@ -30,6 +30,7 @@ from agentmem import ChatResult, MemoryPool, PoolConfig
 from agentmem.tools import acquire, register, release
 
 from ._execute import execute
+from ._memory import pin_facts
 from ._hints import hold_after_call, learn_runtime_id, runtime_agent_id, selection_done, selection_started
 from ._messages import candidate_names, to_agentmem_messages, tool_schemas
 from ._plan import _Plan, check_args, plan_call, with_tools
@@ -421,6 +422,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
                     await hold_after_call(self._pool, plan.agent_id)
                 elif candidates and isinstance(item.content, str):
                     await selection_done(self._pool, plan.agent_id, item.content, candidates)
+                await pin_facts(self._pool, plan.agent_id, plan.messages)
                 usage = item.usage
                 self._last_usage = usage
                 self._total_usage = RequestUsage(

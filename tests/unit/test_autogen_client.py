@@ -85,6 +85,8 @@ def test_public_api_is_pinned():
             "SAMPLING_ARGS",
             "AgentMemChatCompletionClient",
             "AgentMemChatCompletionClientConfig",
+            "AgentMemMemory",
+            "AgentMemMemoryConfig",
             "choice_grammar",
             "clients_for",
             "follow",
