@@ -256,7 +256,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Run the variants once each; print the table and ratios; return the rows."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logger.setLevel(logging.INFO)  # AutoGen's own loggers (events, runtime) stay at WARNING
     args = parse_args(argv)
     rows = []
     for v in args.variants:

@@ -137,9 +137,13 @@ class Hints:
 
     # ------------------------------------------------------------------ holds
     def hold(self, agent_id: str, ttl_s: float) -> None:
-        """Keep `agent_id` resident for `ttl_s` seconds (or until its next call)."""
+        """Keep `agent_id` resident for `ttl_s` seconds (or until its next call).
+
+        Holding a held agent again moves its deadline and is not counted as a new hold.
+        """
+        if not self.held(agent_id):
+            self.counters["holds"] += 1
         self.holds[agent_id] = self.clock() + ttl_s
-        self.counters["holds"] += 1
 
     def unhold(self, agent_id: str) -> bool:
         """End `agent_id`'s hold; False when it had none."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from autogen_core import CancellationToken, Component
@@ -62,9 +63,15 @@ def _recall(pool: MemoryPool, agent_id: str, query: str, k: int) -> list[tuple[s
 
     Eviction removes token blocks, so a span may start or end inside a sentence (`"the
     vault pass"` | `"word is marmalade."`); the history tokens around it complete it up to
-    the nearest line breaks (at most `CONTEXT_TOKENS` each side). Duplicates are dropped.
+    the nearest line breaks (at most `CONTEXT_TOKENS` each side), without the template's
+    role lines. A span counts only when it shares a word of four letters or more (not a
+    common one) with the query — the full-text search ORs every word, so `"what is"`
+    alone would match everything. Duplicates and this memory's own messages are dropped.
     """
-    spans = pool.recall(agent_id, query, k)
+    wanted = _words(query)
+    if not wanted or k == 0:
+        return []
+    spans = pool.recall(agent_id, query, 4 * k)
     if not spans:
         return []
     hist = pool.history_tokens(agent_id)
@@ -74,11 +81,31 @@ def _recall(pool: MemoryPool, agent_id: str, query: str, k: int) -> list[tuple[s
     for s in spans:
         left = text(hist[max(0, s.start - CONTEXT_TOKENS) : s.start])
         right = text(hist[s.end : s.end + CONTEXT_TOKENS])
-        whole = (left.rsplit("\n", 1)[-1] + text(hist[s.start : s.end]) + right.split("\n", 1)[0]).strip()
-        if whole and whole not in seen:
-            seen.add(whole)
-            out.append((whole, s))
+        whole = left.rsplit("\n", 1)[-1] + text(hist[s.start : s.end]) + right.split("\n", 1)[0]
+        lines = [ln.strip() for ln in whole.splitlines()]
+        whole = "\n".join(ln for ln in lines if ln and ln.lower() not in _ROLE_LINES)
+        if not whole or whole in seen or whole.startswith((FACTS_HEADER, RECALL_HEADER)) or not wanted & _words(whole):
+            continue
+        seen.add(whole)
+        out.append((whole, s))
+        if len(out) == k:
+            break
     return out
+
+
+#: Lines of a chat template's markup left when its control tokens are dropped.
+_ROLE_LINES = frozenset({"system", "user", "assistant", "tool", "model", "ipython"})
+#: Words too common to make a span relevant (the FTS query ORs every word).
+_COMMON = frozenset(
+    "about also been could does from have into just like make many more most much must name only over "
+    "said same says should some such tell than that their them then there these they this very want were "
+    "what when where which while will with would your".split()
+)
+
+
+def _words(text: str) -> set[str]:
+    """The words of `text` that can make a span relevant: four letters or more, not common."""
+    return {w for w in re.findall(r"\w+", text.lower()) if len(w) >= 4 and w not in _COMMON}
 
 
 class AgentMemMemoryConfig(BaseModel):
