@@ -17,7 +17,8 @@ was told:
   comes from the agent's reload cost (`reload_ttl`).
 
 `HintMethods` is the public face (`MemoryPool.expect`, `hold`, `unhold`); the
-hit counters appear in `MemoryPool.stats()["hints"]`.
+hit counters appear in `MemoryPool.stats()["hints"]`. `PoolConfig(hints=False)`
+validates hints and ignores them (the no-hints side of a comparison).
 
 >>> h = Hints(clock=lambda: 0.0)
 >>> h.expect(["b", "c"])
@@ -136,9 +137,13 @@ class Hints:
 
     # ------------------------------------------------------------------ holds
     def hold(self, agent_id: str, ttl_s: float) -> None:
-        """Keep `agent_id` resident for `ttl_s` seconds (or until its next call)."""
+        """Keep `agent_id` resident for `ttl_s` seconds (or until its next call).
+
+        Holding a held agent again moves its deadline and is not counted as a new hold.
+        """
+        if not self.held(agent_id):
+            self.counters["holds"] += 1
         self.holds[agent_id] = self.clock() + ttl_s
-        self.counters["holds"] += 1
 
     def unhold(self, agent_id: str) -> bool:
         """End `agent_id`'s hold; False when it had none."""
@@ -256,6 +261,8 @@ class HintMethods:
         if not isinstance(soon, bool):
             raise ConfigError(f"soon must be a bool, got {soon!r}")
         core = self._core
+        if not core.config.hints:
+            return
         with core.lock:
             self._hints.expect(ids)
             first = self._hints.upcoming(core.config.resident_agents)
@@ -285,6 +292,8 @@ class HintMethods:
         if ttl_s is not None:
             ttl_s = check.finite_float(ttl_s, field="ttl_s", lo=0.0, lo_open=True, hi=MAX_TTL_S)
         core = self._core
+        if not core.config.hints:
+            return
         with core.lock:
             a = core.agent(agent_id)
             self._hints.hold(agent_id, ttl_s if ttl_s is not None else self._hints.default_ttl(a))
@@ -313,7 +322,7 @@ class HintMethods:
             a = core.agents.get(agent_id)
             hints.arrive(agent_id, resident=a is not None and a.seq is not None,
                          has_state=a is not None and (a.seq is not None or a.tier in core.tiers))
-        names = _tool_names(tools)
+        names = _tool_names(tools) if core.config.hints else []
         try:
             for item in run:
                 if isinstance(item, ChatResult):

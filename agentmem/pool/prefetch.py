@@ -73,12 +73,8 @@ class Prefetcher:
                     self._rebalance()
             return
         self.queue.put(_REBALANCE)
-        hints = self.hints
-        with core.lock:
-            if hints is not None and hints.active:
-                nxt: str | None = hints.upcoming(1)[0]
-            else:
-                nxt = core.predictor.predict(agent_id)
+        upcoming = self.hints.upcoming(1) if self.hints is not None else []  # a list copy: no lock needed
+        nxt = upcoming[0] if upcoming else core.predictor.predict(agent_id)
         if nxt is not None and nxt != agent_id:
             self.queue.put(nxt)
 

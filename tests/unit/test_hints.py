@@ -229,3 +229,15 @@ def test_unknown_agents_hold_raises_expect_and_unhold_accept(tiny_model_path: Pa
         pool.chat("ghost", conv("ghost", 0), max_tokens=1)
         h = pool.stats()["hints"]
         assert h["order"] == [] and h["expected"] == 0, "a first call is not counted as a hit or a miss"
+
+
+def test_hints_off_validates_and_ignores_them(tiny_model_path: Path) -> None:
+    """`PoolConfig(hints=False)` is the no-hints side of a comparison: nothing is expected or held."""
+    with MemoryPool(tiny_model_path, resident_agents=2, prefetch=False, hints=False, **OPTS) as pool:
+        pool.chat("a", conv("a", 0), max_tokens=1)
+        pool.expect(["a"])
+        pool.hold("a", ttl_s=5)
+        with pytest.raises(ConfigError, match="ttl_s"):
+            pool.hold("a", ttl_s=-1)
+        h = pool.stats()["hints"]
+        assert h["order"] == [] and h["held"] == [] and h["holds"] == 0, h
