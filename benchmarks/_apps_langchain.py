@@ -51,18 +51,17 @@ VARIANTS = {
 }
 
 
-def _agentmem_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int) -> Any:
-    be = team_app.AgentMemBackend(model=model, threads=threads, resident=n_agents if v.all_resident else resident, hints=v.hints)
-    if not v.hints:
-        # The pool holds an agent whose reply calls one of `chat(tools=...)` by itself; the
-        # no-hints variant is the pool before hints existed, so that hold is switched off.
-        be.pool._hints.hold = lambda *a, **k: None
-    return be
+def _agentmem_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int) -> Any:
+    # no hints: none sent (`workflow_hints=False`) and the pool's own hold after a tool call
+    # off too (`PoolConfig.hints=False`): the pool as it was before hints, learned predictor only
+    return team_app.AgentMemBackend(model=model, threads=threads, resident=n_agents if v.all_resident else resident,
+                                    hints=v.hints, max_tokens=max_tokens)
 
 
 def make_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int) -> Any:
     if v.kind == "agentmem":
-        return _agentmem_backend(v, model=model, threads=threads, resident=resident, n_agents=n_agents)
+        return _agentmem_backend(v, model=model, threads=threads, resident=resident, n_agents=n_agents,
+                                 max_tokens=max_tokens)
     from langgraph_team_baseline import ChatLlamaCppBackend
 
     return LockedLlamaCpp(ChatLlamaCppBackend(model=model, threads=threads, max_tokens=max_tokens))
@@ -184,8 +183,8 @@ def _tool_agent(model: Any, *, answer_choice: Any, latency_s: float) -> Any:
 def run_tools(backend: Any, *, users: int, questions: int, latency_s: float, answer_choice: Any,
               max_tokens: int) -> tuple[list[Call], float]:
     """`users` threads at once, each asking `questions` questions of its own agent."""
-    model = backend.model.bind(max_tokens=max_tokens) if backend.name.startswith("agentmem") else backend.model
-    app = _tool_agent(model, answer_choice=answer_choice, latency_s=latency_s)
+    # both models carry `max_tokens` themselves (create_agent binds tools on the model object)
+    app = _tool_agent(backend.model, answer_choice=answer_choice, latency_s=latency_s)
     if backend.name.startswith("agentmem"):
         backend.attach(app)
     calls: list[Call] = []

@@ -14,12 +14,12 @@ Variants: `hints` (agentmem, workflow hints from the graph and from tool calls),
 (agentmem, no hints: the learned predictor only), `resident` (agentmem with a live
 sequence for every agent: the reference for TTFT), `llamacpp` (langchain-community's
 `ChatLlamaCpp`, one context for every agent, calls one at a time).
+`autogen` runs `benchmarks/apps_autogen.py`'s `main()` (the AutoGen apps) when that file exists.
 
 Reported per app and variant: wall time per task, prefilled prompt tokens (prompt less
 what came from kept KV), p50/p99 TTFT over every model call (a non-streamed forced tool call
 of ChatLlamaCpp counts its total time), the pool's hint hit rate (`stats()["hints"]`; "n/a"
-without hints), restores, and the ratios to the `hints` variant. When
-`benchmarks/apps_autogen.py` exists, its `main()` runs afterwards (the AutoGen apps).
+without hints), restores, and the ratios to the `hints` variant.
 
 Run: `python benchmarks/apps.py --threads 2` (`--only team,tools` / `--variants hints,nohints`).
 """
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._report import load, sections, table  # noqa: E402
 from benchmarks._serving import pct  # noqa: E402
 
-APPS = ("team", "tools", "summary")
+APPS = ("team", "tools", "summary", "autogen")
 
 
 def say(msg: str) -> None:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--only", default="team,tools,summary", help=f"apps, comma-separated: {', '.join(APPS)}")
+    ap.add_argument("--only", default=",".join(APPS), help=f"apps, comma-separated: {', '.join(APPS)}")
     ap.add_argument("--variants", default="hints,nohints,resident,llamacpp")
     ap.add_argument("--resident", type=int, default=2, help="live sequences (fewer than the agents)")
     ap.add_argument("--tasks", type=int, default=2, help="team: requests through the graph")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     say(f"# apps on {Path(args.model).name}, threads={args.threads}, load {load()}, resident={args.resident}")
     rows: list[dict[str, Any]] = []
     results: dict[str, Any] = {"load_at_start": load(), "threads": args.threads, "model": Path(args.model).name}
-    for app in (a for a in apps if a != "summary"):
+    for app in (a for a in apps if a in ("team", "tools")):
         for vkey in variants:
             t0 = time.perf_counter()
             row = run_app(app, vkey, args)
@@ -163,13 +163,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         say(_summary_report(res))
         results["summary"] = res
     autogen = Path(__file__).with_name("apps_autogen.py")
-    if autogen.exists():
+    if "autogen" in apps and autogen.exists():
         spec = importlib.util.spec_from_file_location("benchmarks.apps_autogen", autogen)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         say("# benchmarks/apps_autogen.py")
-        results["autogen"] = mod.main([])
+        results["autogen"] = mod.main(["--threads", str(args.threads)])
     results["load_at_end"] = load()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

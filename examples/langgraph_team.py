@@ -264,12 +264,13 @@ class AgentMemBackend:
 
     name = "agentmem ChatAgentMem"
 
-    def __init__(self, *, model: str, threads: int, resident: int, hints: bool = True) -> None:
+    def __init__(self, *, model: str, threads: int, resident: int, hints: bool = True, max_tokens: int = 40) -> None:
         from agentmem import MemoryPool
         from agentmem_langchain import ChatAgentMem
 
-        self.pool = MemoryPool(model, n_ctx=8192, resident_agents=resident, n_threads=threads)
-        self.model = ChatAgentMem(pool=self.pool, workflow_hints=hints)
+        # hints=False: none sent, and the pool ignores its own (the hold after a tool call)
+        self.pool = MemoryPool(model, n_ctx=8192, resident_agents=resident, n_threads=threads, hints=hints)
+        self.model = ChatAgentMem(pool=self.pool, workflow_hints=hints, max_tokens=max_tokens)
         self.hints = hints
 
     def attach(self, app: Any) -> None:
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None, backend_factory: Callable[[argparse.Name
     args.threads = args.threads or default_threads()  # resolved here: both backends run with the same count
     args.model = str(resolve_model_path(args.model))
     backend = backend_factory(args) if backend_factory else AgentMemBackend(
-        model=args.model, threads=args.threads, resident=args.resident, hints=not args.no_hints)
+        model=args.model, threads=args.threads, resident=args.resident, hints=not args.no_hints, max_tokens=args.max_tokens)
     try:
         team = Team(backend, tasks=args.tasks, max_tokens=args.max_tokens)
         print(f"# {backend.name} — {args.tasks} tasks, max_tokens={args.max_tokens}, threads={args.threads}")
