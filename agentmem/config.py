@@ -69,6 +69,8 @@ class PoolConfig:
         cold_codec: codec of states in the archive (`q8_0/q4_0` = keys q8_0, values q4_0).
         background_codec: RAM codec of background-priority agents under `cost`.
         prefetch: restore the predicted next agent ahead of its call.
+        hints: follow workflow hints (`MemoryPool.expect`, `hold`, the hold after a
+            reply that calls a tool); `False` accepts and ignores them (for comparisons).
         agent_budget_tokens: live tokens an agent may keep (`0` = no eviction;
             prompts longer than `agent_capacity` then raise). With a budget, the
             eviction policy trims the agent instead of raising.
@@ -122,6 +124,7 @@ class PoolConfig:
     cold_codec: str = "q8_0/q4_0"
     background_codec: str = "q8_0"
     prefetch: bool = True
+    hints: bool = True
     agent_budget_tokens: int = 0
     eviction: str = "region_decay"
     eviction_low: float = 0.75

@@ -44,6 +44,9 @@ class AgentInfo:
         idle_s: seconds since its last call.
         uses: calls so far.
         next_in: predicted calls until its next use (``math.inf`` = unknown).
+        steps: calls until its next use by the workflow's hints (``MemoryPool.expect``;
+            ``math.inf`` = not expected, or no hints).
+        held: kept resident by a hold (``MemoryPool.hold``).
     """
 
     id: str
@@ -54,6 +57,8 @@ class AgentInfo:
     idle_s: float
     uses: int
     next_in: float
+    steps: float = math.inf
+    held: bool = False
 
 
 class PlacementPolicy(abc.ABC):
@@ -76,6 +81,24 @@ class PlacementPolicy(abc.ABC):
     def codec_for(self, agent: AgentInfo, tier: str) -> str:
         """Codec of ``agent``'s state in ``tier`` (``warm`` or ``cold``)."""
         return self.warm_codec if tier == "warm" else self.cold_codec
+
+    def release_order(self, agents: list[AgentInfo]) -> list[AgentInfo]:
+        """Resident agents in the order they give up their live sequence (first = first out).
+
+        Held agents come last. Before them, by the workflow's hints: the furthest next
+        use first (KVFlow's steps-to-execution; an agent not expected counts as
+        furthest of all); ties — and every agent when there are no hints — in
+        `demotion_order` (the learned predictor, frequency, recency, bytes).
+
+        >>> p = get_policy("lru")
+        >>> a = [AgentInfo(x, "hot", 0, 0, 1, idle, 1, math.inf, steps, held)
+        ...      for x, idle, steps, held in [("a", 9.0, 1.0, False), ("b", 1.0, 3.0, False),
+        ...                                   ("c", 5.0, math.inf, True)]]
+        >>> [x.id for x in p.release_order(a)]
+        ['b', 'a', 'c']
+        """
+        rank = {x.id: i for i, x in enumerate(self.demotion_order(agents))}
+        return sorted(agents, key=lambda x: (x.held, -x.steps, rank[x.id]))
 
 
 class LRUPolicy(PlacementPolicy):

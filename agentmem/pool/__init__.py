@@ -13,7 +13,8 @@
 * `trimming` — runs the eviction policy on an agent, shifts cells, writes recall rows.
 * `persist` — archive sync (ledger + state in one transaction) and resume on open.
 * `budgets` — WARM/COLD byte budgets with watermarks.
-* `prefetch` — the after-call worker: rebalance, restore the predicted next agent.
+* `prefetch` — the after-call worker: rebalance, restore the agent expected next.
+* `hints` — workflow hints: expected order, holds, their counters; `expect`/`hold`/`unhold`.
 * `state` — the agent record (`AgentState`) with its invariants, counters, and the shared `PoolCore`.
 * `stats` — `MemoryPool.stats()`.
 * `results` — `Usage`, `Timings`, `ChatResult`, `ChatStream`.

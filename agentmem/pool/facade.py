@@ -3,7 +3,8 @@
 `MemoryPool` is the public face of the pool: it validates input, wires the
 collaborators that run a call (see `agentmem.pool`), and offers the sync,
 streaming and async calls, the agent operations (park, forget, pin, budgets,
-share, handoff, recall), checkpoints and `close`.
+share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from
+`agentmem.pool.hints`), checkpoints and `close`.
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
 that is generating is *busy* and is never parked under its feet. Async methods
@@ -26,6 +27,7 @@ from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.policy.placement import priority_weight
+from agentmem.pool.hints import HintMethods
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
@@ -40,7 +42,7 @@ logger = logging.getLogger(__name__)
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class MemoryPool:
+class MemoryPool(HintMethods):
     """Keeps every agent's KV state across one shared llama.cpp context.
 
     At most `resident_agents` agents are *hot* (a live sequence). When another
@@ -97,6 +99,7 @@ class MemoryPool:
         c = wire(core, after_call=lambda agent_id: self._prefetcher.after_call(agent_id))
         self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
         self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
+        self._hints = c.hints
         self._closed = False
         if archive is not None and self._resume_on_open:
             with core.lock:
@@ -109,6 +112,7 @@ class MemoryPool:
             rebalance=self._budgets.rebalance,
             restore=lambda a: self._mover.make_resident(a, prefetch=True).how == "restored",
             enabled=cfg.prefetch and cfg.resident_agents > 1,
+            hints=c.hints,
         )
         logger.info(
             "pool ready: %s, n_ctx=%d, resident_agents=%d, park_codec=%s, archive=%s",
@@ -184,6 +188,8 @@ class MemoryPool:
         the way `tool_format` says: through the chat template when it has native tool
         support, else as agentmem's tools block at the end of the system message. Pass
         the same tools on every call of an agent: they are part of its prompt prefix.
+        A reply that calls one of them holds the agent resident until its next call
+        (`hold` with the default TTL): it runs again when the tool returns.
 
         Raises:
             MessageError: a malformed message (the error names the field).
@@ -214,7 +220,8 @@ class MemoryPool:
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
-        return ChatStream(self._turns.run(agent_id, prompt, params, n_messages=len(msgs)))
+        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs))
+        return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
 
     def complete(
         self,
@@ -245,7 +252,8 @@ class MemoryPool:
         self._check_open()
         check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
-        return ChatStream(self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1))
+        run = self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1)
+        return ChatStream(self._tracked(agent_id, run, None, None))
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
         """Async `chat` (runs in a worker thread; never blocks the event loop)."""
@@ -280,14 +288,15 @@ class MemoryPool:
         "seq", "priority", "regions", "evicted_regions", counters...}},
         "tiers": {"hot"|"warm"|"cold": {"agents", "bytes", "hits"}},
         "totals": {...}, "shared": {"blocks", "ram_bytes", "archive_bytes",
-        "parked_bytes_saved"}}`. `tier` is `"hot"` (live sequence), `"warm"`
+        "parked_bytes_saved"}, "hints": {"expected", "hits", "hit_rate", ...}}`
+        (see `agentmem.pool.hints.Hints.stats`). `tier` is `"hot"` (live sequence), `"warm"`
         (RAM), `"cold"` (archive) or `"empty"`; `bytes` is what the state
         occupies there (for an agent with a shared `block`: its private cells;
         the block's bytes are under `"shared"`, counted once).
         """
         self._check_open()
         with self._core.lock:
-            return pool_stats(self._core)
+            return {**pool_stats(self._core), "hints": self._hints.stats()}
 
     def agents(self) -> list[str]:
         """Ids of the agents the pool knows."""

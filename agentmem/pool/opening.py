@@ -22,6 +22,7 @@ from agentmem.policy.placement import get_policy
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.decoder import Decoder
+from agentmem.pool.hints import Hints
 from agentmem.pool.layout import choose_kv_layout
 from agentmem.pool.mover import Mover
 from agentmem.pool.persist import Persister
@@ -115,6 +116,7 @@ class Collaborators:
     sharing: Sharing
     decoder: Decoder
     turns: TurnRunner
+    hints: Hints
 
 
 def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
@@ -128,10 +130,11 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
         mover.park(victim, "warm")
         budgets.rebalance(urgent_only=True)
 
-    residency = Residency(core, park=park_victim)
+    hints = Hints()
+    residency = Residency(core, park=park_victim, hints=hints)
     mover = Mover(core, residency, blocks, persist, swa)
     budgets = Budgets(core, mover)
     sharing = Sharing(core, residency, mover, blocks, swa)
     decoder = Decoder(core, residency, Trimmer(core, blocks, sharing))
     turns = TurnRunner(core, mover=mover, sharing=sharing, blocks=blocks, decoder=decoder, swa=swa, after_call=after_call)
-    return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns)
+    return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns, hints)

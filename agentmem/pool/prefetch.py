@@ -2,8 +2,10 @@
 
 `Prefetcher` runs a background worker fed from a queue: after every call it
 rebalances the tiers (so demotion I/O is off the reply's path) and restores the
-agent the transition predictor expects next, if a sequence can be had without
-making a waiting call wait longer. Without the worker (one resident agent, or
+agent expected next — the first of the workflow's hints (`MemoryPool.expect`)
+when there are any, else the transition predictor's guess — if a sequence can
+be had without making a waiting call wait longer. `prefetch` queues restores
+asked for directly (`expect(soon=True)`, `hold` of a parked agent). Without the worker (one resident agent, or
 `prefetch=False`), rebalancing runs inline after the call.
 """
 
@@ -12,8 +14,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
+from agentmem.pool.hints import Hints
 from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["Prefetcher"]
@@ -33,6 +36,7 @@ class Prefetcher:
         restore: makes an agent resident for a prefetch; returns True when it
             restored a parked state (lock held; never waits).
         enabled: start the worker thread (else rebalancing runs inline).
+        hints: the workflow's hints; their expected order replaces the predictor's guess.
     """
 
     def __init__(
@@ -42,8 +46,10 @@ class Prefetcher:
         rebalance: Callable[[], None],
         restore: Callable[[AgentState], bool],
         enabled: bool,
+        hints: Hints | None = None,
     ) -> None:
         self.core = core
+        self.hints = hints
         self._rebalance = rebalance
         self._restore = restore
         self.queue: queue.Queue[object] | None = None
@@ -67,9 +73,16 @@ class Prefetcher:
                     self._rebalance()
             return
         self.queue.put(_REBALANCE)
-        nxt = core.predictor.predict(agent_id)
+        upcoming = self.hints.upcoming(1) if self.hints is not None else []  # a list copy: no lock needed
+        nxt = upcoming[0] if upcoming else core.predictor.predict(agent_id)
         if nxt is not None and nxt != agent_id:
             self.queue.put(nxt)
+
+    def prefetch(self, agent_ids: Sequence[str]) -> None:
+        """Queue restores of `agent_ids`, in order (no-op without the worker)."""
+        if self.queue is not None:
+            for x in agent_ids:
+                self.queue.put(x)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the worker (after the work already queued)."""

@@ -2,16 +2,21 @@
 
 `Residency` hands out sequences: agents waiting for one are served by priority,
 then arrival; when none is free an idle resident agent is parked (through the
-callable it was given, so this module needs nothing above it). `fit` is the one
+callable it was given, so this module needs nothing above it); which one is the
+placement policy's `release_order`, told the workflow's hints (steps-to-next-use,
+holds). `fit` is the one
 retry-when-full loop of the pool: try, and while llama.cpp has no free cells,
 park an idle agent and try again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from typing import Callable
 
+from agentmem.pool.hints import MAX_EXPECTED, Hints
 from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["Residency"]
@@ -26,26 +31,40 @@ class Residency:
         core: the pool's shared state.
         park: parks an idle resident agent (releasing its sequence); raises
             `AgentMemError` when it cannot.
+        hints: the workflow's hints (expected order, holds); none by default.
     """
 
-    def __init__(self, core: PoolCore, park: Callable[[AgentState], None]) -> None:
+    def __init__(self, core: PoolCore, park: Callable[[AgentState], None], hints: Hints | None = None) -> None:
         self.core = core
         self._park = park
+        self.hints = hints or Hints()
         n = core.config.resident_agents
         self.free: list[int] = list(range(n - 1, -1, -1))
         self.waiters: dict[str, tuple[int, int]] = {}  # agent -> (priority, -arrival)
         self._ticket = 0
 
-    def _victim(self, keep: AgentState, *, with_cells: bool) -> AgentState | None:
-        """The idle resident agent the placement policy would park first (never `keep`)."""
-        core = self.core
+    def _victim(self, keep: AgentState, *, with_cells: bool, prefetch: bool = False) -> AgentState | None:
+        """The idle resident agent the placement policy would park first (never `keep`).
+
+        For a prefetch of `keep` only an agent that is not held and, under hints, is
+        expected later than `keep` qualifies (a prefetch never delays a sooner call).
+        """
+        core, hints = self.core, self.hints
         idle = [
             x for x in core.agents.values()
             if x.seq is not None and not x.busy and x is not keep and (x.ledger.n_live or not with_cells)
         ]
         if not idle:
             return None
-        return core.agents[core.placement.demotion_order([core.info(x) for x in idle])[0].id]
+        infos = [dataclasses.replace(core.info(x), steps=hints.steps(x.id), held=hints.held(x.id)) for x in idle]
+        first = core.placement.release_order(infos)[0]
+        if prefetch:
+            mine = hints.steps(keep.id)
+            if mine == math.inf and hints.held(keep.id):
+                mine = float(MAX_EXPECTED + 1)  # held but not listed: may displace only agents not expected
+            if first.held or (hints.active and first.steps <= mine):
+                return None
+        return core.agents[first.id]
 
     def acquire(self, a: AgentState, *, prefetch: bool = False) -> str:
         """Give `a` a sequence: `"reused"` (it had one), `"assigned"`, or `"busy"` (prefetch only).
@@ -66,7 +85,7 @@ class Residency:
                 if self.waiters[a.id] == max(self.waiters.values()):
                     if self.free:
                         break
-                    victim = self._victim(a, with_cells=False)
+                    victim = self._victim(a, with_cells=False, prefetch=prefetch)
                     if victim is not None:
                         if victim.prefetched:
                             core.totals["prefetch_wasted"] += 1

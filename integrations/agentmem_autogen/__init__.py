@@ -17,6 +17,10 @@ prefilling its whole history again.
 * `_execute.py`: runs a plan on the pool, streams its text, redoes a malformed call and
   builds the `CreateResult`.
 * `_messages.py`: AutoGen messages and tools ↔ agentmem chat messages and tool schemas.
+* `_memory.py`: `AgentMemMemory`, AutoGen's `Memory` over an agent: pinned facts and
+  recall of its evicted text (`AssistantAgent(memory=[...])`).
+* `_hints.py`: workflow hints for the pool — tool-call holds and selector candidates
+  (no app code), `follow(team)` for a team's speaker order.
 
 Needs AutoGen: `pip install 'agentmem[autogen]'`.
 """
@@ -36,14 +40,19 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from agentmem.tools import choice_grammar
 
 from ._client import AgentMemChatCompletionClient, AgentMemChatCompletionClientConfig, clients_for
+from ._hints import follow
+from ._memory import AgentMemMemory, AgentMemMemoryConfig
 from ._plan import SAMPLING_ARGS
 
 __all__ = [
     "SAMPLING_ARGS",
     "AgentMemChatCompletionClient",
     "AgentMemChatCompletionClientConfig",
+    "AgentMemMemory",
+    "AgentMemMemoryConfig",
     "choice_grammar",
     "clients_for",
+    "follow",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

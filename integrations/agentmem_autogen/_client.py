@@ -30,7 +30,9 @@ from agentmem import ChatResult, MemoryPool, PoolConfig
 from agentmem.tools import acquire, register, release
 
 from ._execute import execute
-from ._messages import to_agentmem_messages, tool_schemas
+from ._memory import pin_facts
+from ._hints import hold_after_call, learn_runtime_id, runtime_agent_id, selection_done, selection_started
+from ._messages import candidate_names, to_agentmem_messages, tool_schemas
 from ._plan import _Plan, check_args, plan_call, with_tools
 
 __all__ = ["AgentMemChatCompletionClient", "AgentMemChatCompletionClientConfig", "clients_for"]
@@ -69,7 +71,8 @@ class AgentMemChatCompletionClientConfig(BaseModel):
     speaker_selection: bool = False
     """For the client of a `SelectorGroupChat`: constrain a reply to one of the candidate
     names its selection prompt lists (`select the next role from ['pm', 'engineer'] ...`,
-    the last such list in the prompt), so a small model always names a valid speaker."""
+    the last such list in the prompt), so a small model always names a valid speaker;
+    the candidates, then the answer, are told to the pool as hints (`MemoryPool.expect`)."""
     model_info: Optional[ModelInfo] = None
     """Overrides `AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
 
@@ -360,7 +363,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             aid = MessageHandlerContext.agent_id()
         except RuntimeError:
             return FALLBACK_AGENT_ID
-        return aid.type if aid.key == "default" else f"{aid.type}/{aid.key}"
+        return runtime_agent_id(aid)
 
     def _plan(
         self,
@@ -377,6 +380,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         check_args(extra, "extra_create_args")
         sampling = {**self._defaults, **extra}
         agent = self._resolve_agent_id()
+        learn_runtime_id(self._pool, agent)
         conv = to_agentmem_messages(messages)
         schemas = tool_schemas(tools)
         if schemas:
@@ -404,9 +408,21 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     async def _execute(
         self, plan: _Plan, token: CancellationToken | None, *, stream: bool
     ) -> AsyncGenerator[str | CreateResult, None]:
-        """`execute` on this client's pool, counting the call's tokens before its result is yielded."""
+        """`execute` on this client's pool, counting the call's tokens before its result is yielded.
+
+        Hints for the pool (see `agentmem_autogen._hints`): a selection call expects its
+        candidates, then its answer; a reply that is a tool call holds the agent.
+        """
+        candidates = candidate_names(plan.messages) if self._speaker_selection else []
+        if candidates:
+            await selection_started(self._pool, plan.agent_id, candidates)
         async for item in execute(self._pool, plan, token, self._record, stream=stream):
             if isinstance(item, CreateResult):
+                if item.finish_reason == "function_calls":
+                    await hold_after_call(self._pool, plan.agent_id)
+                elif candidates and isinstance(item.content, str):
+                    await selection_done(self._pool, plan.agent_id, item.content, candidates)
+                await pin_facts(self._pool, plan.agent_id, plan.messages)
                 usage = item.usage
                 self._last_usage = usage
                 self._total_usage = RequestUsage(

@@ -11,6 +11,13 @@
   locks, the usage/timings metadata and `shared_pool` (with `close_shared_pools`: the
   process-wide pools that objects built without `pool=` share, `agentmem.tools.registry`,
   shared with the AutoGen client).
+* `_identity.py`: the agent id of a call — the call argument, `configurable.agent_id`,
+  the object's own id, a hook, then LangGraph's `"{thread_id}/{node}"` — validated.
+* `_hints.py`: workflow hints to the pool — a tool-calling agent held resident, the next
+  agents of a followed LangGraph graph expected.
+* `_profile.py`: LangChain's `ModelProfile` from the pool's configuration.
+* `_rewrites.py`: a history rewritten instead of extended, and the warning when
+  `SummarizationMiddleware` did it.
 * `_plan.py`: the plan of one chat-model call — messages, sampling, the grammar of a forced
   tool call or a JSON reply.
 * `_reply.py`: reading a reply as content or tool calls, and which streamed text may be shown yet.

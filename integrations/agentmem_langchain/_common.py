@@ -9,12 +9,19 @@ import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Mapping
 
+from typing_extensions import Self
+
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_model_path
 from agentmem import tools as _tools
+from agentmem import validation as check
+
+from ._hints import GraphFollower, follower_for, hold_after_reply
+from ._identity import AgentIdFromConfig, resolve_agent
+from ._rewrites import is_summarizer_call
 
 __all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "shared_pool", "timings_dict", "usage_dict"]
 
@@ -102,6 +109,10 @@ def usage_dict(results: list[ChatResult]) -> dict[str, Any]:
     }
 
 
+def _ends_in_tool_call(out: Any) -> bool:
+    return bool(getattr(out, "tool_calls", None))
+
+
 def timings_dict(result: ChatResult) -> dict[str, float]:
     t = result.timings
     return {"ttft_s": t.ttft_s, "restore_s": t.restore_s, "prefill_s": t.prefill_s, "decode_s": t.decode_s, "total_s": t.total_s}
@@ -127,8 +138,19 @@ class AgentMemFields(BaseModel):
     `pool_options` share one pool."""
 
     agent_id: str = "default"
-    """Whose memory a call continues. Override per call with `agent_id=...` or
-    `config={"configurable": {"agent_id": ...}}`."""
+    """Whose memory a call continues. When set explicitly, every call of this object
+    uses it (unless a call passes `agent_id=...` or `configurable.agent_id`); left
+    unset, a call inside a LangGraph graph continues `"{thread_id}/{node}"` (see
+    `resolve_agent_id`), and `"default"` outside one."""
+
+    workflow_hints: bool = True
+    """Tell the pool what the app's workflow says: hold an agent whose reply is a tool
+    call (`MemoryPool.hold`), and, after `follow(graph)`, which agents run next
+    (`MemoryPool.expect`). `False` sends nothing."""
+
+    agent_id_from_config: AgentIdFromConfig | None = Field(default=None, exclude=True)
+    """Hook mapping a call's `RunnableConfig` to its agent id, tried before the
+    built-in thread/node rule (`None` from it falls through to that rule)."""
 
     model_name: str | None = None
     """Name reported in metadata; default: the model file's stem."""
@@ -161,13 +183,12 @@ class AgentMemFields(BaseModel):
     """Generate through the streaming path even on `invoke` (callbacks get tokens)."""
 
     _model_name: str | None = PrivateAttr(default=None)
+    _follower: GraphFollower | None = PrivateAttr(default=None)
 
     @field_validator("agent_id")
     @classmethod
     def _check_agent_id(cls, v: str) -> str:
-        if not v:
-            raise ValueError("agent_id must be a non-empty string")
-        return v
+        return check.agent_id(v)
 
     @field_validator("max_tokens")
     @classmethod
@@ -204,6 +225,16 @@ class AgentMemFields(BaseModel):
                 except AgentMemError:
                     self._model_name = Path(self.model_path).stem if self.model_path else "agentmem-default"
         return self._model_name
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of `text` in the model's own vocabulary (loads the shared pool if needed; no BOS, no chat template)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return self.get_pool().model.tokenize(text)
+
+    def get_num_tokens(self, text: str) -> int:
+        """Tokens of `text` with the model's tokenizer (no chat template)."""
+        return len(self.get_token_ids(text))
 
     # ------------------------------------------------------------------ per-call options
     def _agent_from(self, kwargs: dict[str, Any]) -> str:
@@ -244,27 +275,104 @@ class AgentMemFields(BaseModel):
         return params
 
     # ------------------------------------------------------------------ agent from config
-    # `config["configurable"]["agent_id"]` picks the agent of one call (LangGraph-style).
+    # The agent of a call comes from its arguments and run config (`_identity.resolve_agent`,
+    # LangGraph's thread and node included); hints go to the pool around the call (`_hints`).
     def invoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return super().invoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+        kwargs, cfg = self._with_config_agent(config, kwargs)
+        out = super().invoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+        self._after_reply(kwargs["agent_id"], cfg, _ends_in_tool_call(out))
+        return out
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return await super().ainvoke(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+        kwargs, cfg = self._with_config_agent(config, kwargs)
+        out = await super().ainvoke(input, config, stop=stop, **kwargs)  # type: ignore[misc]
+        self._after_reply(kwargs["agent_id"], cfg, _ends_in_tool_call(out))
+        return out
 
     def stream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> Iterator[Any]:
-        return super().stream(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+        kwargs, cfg = self._with_config_agent(config, kwargs)
+        tool = False
+        for chunk in super().stream(input, config, stop=stop, **kwargs):  # type: ignore[misc]
+            tool = tool or bool(getattr(chunk, "tool_call_chunks", None))
+            yield chunk
+        self._after_reply(kwargs["agent_id"], cfg, tool)
 
-    def astream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
-        return super().astream(input, config, stop=stop, **self._with_config_agent(config, kwargs))  # type: ignore[misc]
+    async def astream(self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        kwargs, cfg = self._with_config_agent(config, kwargs)
+        tool = False
+        async for chunk in super().astream(input, config, stop=stop, **kwargs):  # type: ignore[misc]
+            tool = tool or bool(getattr(chunk, "tool_call_chunks", None))
+            yield chunk
+        self._after_reply(kwargs["agent_id"], cfg, tool)
 
-    @staticmethod
-    def _with_config_agent(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Take `agent_id` from `config["configurable"]` unless given as a kwarg."""
-        if "agent_id" in kwargs:
-            return kwargs
+    def resolve_agent_id(self, config: RunnableConfig | None = None, *, agent_id: str | None = None) -> str:
+        """The agent a call with run config `config` (and call argument `agent_id`) continues.
+
+        Precedence, first match wins: the call argument; `configurable.agent_id`; this
+        object's `agent_id` when set explicitly; `agent_id_from_config(config)`;
+        `"{thread_id}/{node}"` from LangGraph's run config; the node alone; `"default"`.
+        The summarizing call of LangChain's `SummarizationMiddleware` goes to
+        `"<agent>/summarizer"`, so that its prompt does not replace the agent's KV.
+
+        >>> ChatAgentMem().resolve_agent_id({"configurable": {"thread_id": "t1"},
+        ...                                   "metadata": {"langgraph_node": "coder"}})  # doctest: +SKIP
+        't1/coder'
+
+        Raises:
+            ConfigError: the resolved id is not a valid agent id; the message names its source.
+        """
         cfg = ensure_config(config)
-        agent = (cfg.get("configurable") or {}).get("agent_id")
-        return {**kwargs, "agent_id": agent} if agent else kwargs
+        agent = resolve_agent(
+            cfg,
+            explicit=agent_id,
+            own=self.agent_id,
+            own_is_explicit="agent_id" in self.model_fields_set,
+            hook=self.agent_id_from_config,
+        )
+        if is_summarizer_call(cfg):
+            agent = check.agent_id(f"{agent}/summarizer", field="agent_id (summarizer call)")
+        return agent
+
+    def _with_config_agent(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> tuple[dict[str, Any], RunnableConfig]:
+        """`kwargs` with the call's resolved `agent_id`, and the run config it came from."""
+        cfg = ensure_config(config)
+        return {**kwargs, "agent_id": self.resolve_agent_id(cfg, agent_id=kwargs.get("agent_id"))}, cfg
+
+    def _auto_agent(self, config: Mapping[str, Any]) -> str:
+        """The agent id the automatic rules (hook, thread and node) give for `config`."""
+        return resolve_agent(config, explicit=None, own=self.agent_id, own_is_explicit=False, hook=self.agent_id_from_config)
+
+    # ------------------------------------------------------------------ workflow hints
+    def follow(self, graph: Any) -> Self:
+        """Tell the pool, on each call from a node of `graph`, which agents run next.
+
+        Args:
+            graph: the compiled LangGraph graph whose nodes call this model
+                (`StateGraph(...).compile()`), or a `{node: [successor, ...]}` dict.
+
+        Returns:
+            This model (call it once, before the graph runs).
+
+        After a call from node `n`, `MemoryPool.expect` gets the agents of the nodes
+        reachable from `n` along the graph's edges, nearest first; nodes that never
+        call a model (tool nodes) are stepped over. Models built by
+        `configurable_fields` do not inherit it.
+        """
+        self._follower = follower_for(graph)
+        return self
+
+    def _after_reply(self, agent_id: str, config: RunnableConfig, ends_in_tool_call: bool) -> None:
+        """Hints once a reply is complete: hold a tool-calling agent; expect the graph's next agents."""
+        if not self.workflow_hints:
+            return
+        if ends_in_tool_call:
+            hold_after_reply(self.get_pool(), agent_id, True)
+        if self._follower is not None:
+            try:
+                auto = agent_id == self._auto_agent(config)  # the id follows the node (and thread) it runs in
+            except AgentMemError:
+                auto = False
+            self._follower.expect(self.get_pool(), agent_id, config, self._auto_agent, auto=auto)
 
     @staticmethod
     def _reject_unknown(kwargs: Mapping[str, Any], allowed: set[str]) -> None:

@@ -17,15 +17,22 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
+from langchain_core.language_models.model_profile import ModelProfile
+
 from agentmem import ChatResult as PoolResult
+from agentmem import PoolConfig
 
 from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
 from ._messages import to_pool_messages
 from ._plan import _CALL_KEYS, _Call, plan_call
+from ._profile import profile_for
+from ._rewrites import RewriteWatch
 from ._reply import _Holder, _read, _Reply, _rewrite_call
 from ._tools import normalize_tool_choice, normalize_tools
 
 __all__ = ["ChatAgentMem"]
+
+_rewrite_watch = RewriteWatch()  # one per process: every model object on a pool sees the same agents
 
 class ChatAgentMem(AgentMemFields, BaseChatModel):
     """LangChain chat model on an agentmem `agentmem.MemoryPool`.
@@ -114,6 +121,34 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         return params
 
     # invoke / ainvoke / stream / astream take `agent_id` from the run config (AgentMemFields)
+
+    # ------------------------------------------------------------------ profile and token counts
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """LangChain's model profile: context size from the pool (or its options), capabilities.
+
+        `max_input_tokens` is the most one agent's prompt may hold: the agent token budget
+        (`agent_budget_tokens`) when one is set — beyond it the pool evicts inside the KV —
+        else the per-agent capacity (`agent_capacity`, else `n_ctx`). Known without
+        loading the model when built from `pool_options`.
+        """
+        if self.pool is not None:
+            cfg, capacity = self.pool.config, self.pool.capacity
+        else:
+            cfg = PoolConfig.build(**({"model_path": self.model_path} if self.model_path else {}), **self.pool_options)
+            capacity = cfg.agent_capacity or cfg.n_ctx
+        return profile_for(cfg, capacity, self.resolved_model_name())
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """Prompt tokens of `messages` as a call renders them: the model's chat template and,
+        with `tools`, the tools as a call shows them (the template's tool prompt or agentmem's
+        tools block). Counts every token of the prompt, kept KV or not.
+
+        Args:
+            messages: the conversation.
+            tools: tools as `bind_tools` takes them.
+        """
+        specs = [t.as_dict() for t in normalize_tools(tools)] if tools else None
+        return self.get_pool().count_tokens(to_pool_messages(messages), tools=specs)
 
     # ------------------------------------------------------------------ tools and structure
     def bind_tools(
@@ -214,7 +249,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         agent = self._agent_from(kwargs)
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
-        return plan_call(agent, msgs, sampling, self.get_pool().tool_format, kwargs)
+        pool = self.get_pool()
+        _rewrite_watch.check(pool, agent, messages, msgs)
+        return plan_call(agent, msgs, sampling, pool.tool_format, kwargs)
 
     def _message_fields(self, call: _Call, reply: _Reply, results: list[PoolResult]) -> dict[str, Any]:
         first, last = results[0], results[-1]

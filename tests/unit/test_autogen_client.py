@@ -85,8 +85,11 @@ def test_public_api_is_pinned():
             "SAMPLING_ARGS",
             "AgentMemChatCompletionClient",
             "AgentMemChatCompletionClientConfig",
+            "AgentMemMemory",
+            "AgentMemMemoryConfig",
             "choice_grammar",
             "clients_for",
+            "follow",
         ]
     )
 

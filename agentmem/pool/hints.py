@@ -1,0 +1,340 @@
+"""Workflow hints: which agents run next, and which must stay resident through a tool call.
+
+A framework often knows what the pool can only guess: a round-robin team's next
+speaker, a selector's candidates, a graph's next nodes, an agent whose reply was a
+tool call and that runs again as soon as the tool returns. `Hints` keeps what it
+was told:
+
+* **expected order** (`expect`): a list, first = runs next; an agent's
+  *steps-to-next-use* is its position + 1, `math.inf` when it is not listed. A call
+  of a listed agent removes it from the list (the others move up). When a list
+  exists, the sequence to give up is the one whose next use is furthest away
+  (KVFlow's steps-to-execution rule, arXiv 2507.07400); without one, the learned
+  predictor decides as before.
+* **holds** (`hold`): an agent kept in its live sequence until a deadline or its
+  next call, whichever comes first (Continuum/CacheTTL, arXiv 2511.02230). A held
+  agent is never given up while another candidate is not held. The default TTL
+  comes from the agent's reload cost (`reload_ttl`).
+
+`HintMethods` is the public face (`MemoryPool.expect`, `hold`, `unhold`); the
+hit counters appear in `MemoryPool.stats()["hints"]`. `PoolConfig(hints=False)`
+validates hints and ignores them (the no-hints side of a comparison).
+
+>>> h = Hints(clock=lambda: 0.0)
+>>> h.expect(["b", "c"])
+>>> h.steps("b"), h.steps("c"), h.steps("a")
+(1.0, 2.0, inf)
+>>> h.arrive("b", resident=True, has_state=True)
+>>> h.steps("c"), h.stats()["hits"]
+(1.0, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+import agentmem.validation as check
+from agentmem.errors import ConfigError
+from agentmem.pool.results import ChatResult
+
+if TYPE_CHECKING:
+    from agentmem.pool.prefetch import Prefetcher
+    from agentmem.pool.state import AgentState, PoolCore
+    from agentmem.tools.formats import ToolFormat
+
+__all__ = [
+    "HOLD_MAX_S",
+    "HOLD_MIN_S",
+    "HOLD_SCALE",
+    "MAX_EXPECTED",
+    "MAX_TTL_S",
+    "HintMethods",
+    "Hints",
+    "reload_ttl",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Most agent ids one `expect` call may list.
+MAX_EXPECTED = 1024
+#: Longest TTL a caller may give `hold` (seconds).
+MAX_TTL_S = 3600.0
+#: A default hold lasts `HOLD_SCALE` x the agent's estimated reload time ...
+HOLD_SCALE = 100.0
+#: ... but at least this long (seconds): a tool round trip is rarely shorter ...
+HOLD_MIN_S = 1.0
+#: ... and at most this long (seconds): an idle sequence costs the other agents.
+HOLD_MAX_S = 60.0
+# priors until the pool has measured its own rates (seconds per live token)
+_RESTORE_S_PER_TOKEN = 2e-5
+_PREFILL_S_PER_TOKEN = 2e-3
+_EWMA = 0.3
+
+
+def reload_ttl(n_live: int, restore_s_per_token: float, *, in_ram: bool = True,
+               prefill_s_per_token: float = _PREFILL_S_PER_TOKEN) -> float:
+    """The default hold of an agent with `n_live` live tokens (seconds).
+
+    The rule: `clamp(HOLD_SCALE * reload_s, HOLD_MIN_S, HOLD_MAX_S)`, where
+    `reload_s` is what bringing the agent back would cost if it lost its sequence
+    now: a restore of its parked state (`n_live * restore_s_per_token`) when parked
+    states stay in RAM, else a re-prefill (`n_live * prefill_s_per_token`). Holding
+    an idle sequence much longer than a hundred reloads would cost the agents
+    waiting for it more than the hold saves.
+
+    >>> reload_ttl(1000, 2e-5)           # 20 ms to restore -> held 2 s
+    2.0
+    >>> reload_ttl(10, 2e-5)             # a tiny agent: the floor
+    1.0
+    >>> reload_ttl(4000, 2e-5, in_ram=False)   # would re-prefill 8 s: the cap
+    60.0
+    """
+    per_token = restore_s_per_token if in_ram else prefill_s_per_token
+    return min(HOLD_MAX_S, max(HOLD_MIN_S, HOLD_SCALE * max(0, n_live) * per_token))
+
+
+class Hints:
+    """The expected order, the holds and their counters (the caller holds the pool lock).
+
+    Args:
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.order: list[str] = []
+        self.holds: dict[str, float] = {}  # agent -> deadline (clock seconds)
+        self.restore_s_per_token = _RESTORE_S_PER_TOKEN
+        self.prefill_s_per_token = _PREFILL_S_PER_TOKEN
+        self.counters: dict[str, int] = {
+            "expected": 0, "hits": 0, "misses": 0, "holds": 0, "hold_hits": 0, "hold_expired": 0,
+            "hold_released": 0,
+        }
+
+    # ------------------------------------------------------------------ order
+    @property
+    def active(self) -> bool:
+        """True while an expected order exists (the placement then uses steps-to-next-use)."""
+        return bool(self.order)
+
+    def expect(self, agent_ids: Sequence[str]) -> None:
+        """Replace the expected order (first = runs next; duplicates keep their first place)."""
+        self.order = list(dict.fromkeys(agent_ids))
+
+    def steps(self, agent_id: str) -> float:
+        """Calls until `agent_id` runs by the expected order (1 = next); `math.inf` if not listed."""
+        try:
+            return float(self.order.index(agent_id) + 1)
+        except ValueError:
+            return math.inf
+
+    def upcoming(self, n: int) -> list[str]:
+        """The first `n` expected agents."""
+        return self.order[:n]
+
+    # ------------------------------------------------------------------ holds
+    def hold(self, agent_id: str, ttl_s: float) -> None:
+        """Keep `agent_id` resident for `ttl_s` seconds (or until its next call).
+
+        Holding a held agent again moves its deadline and is not counted as a new hold.
+        """
+        if not self.held(agent_id):
+            self.counters["holds"] += 1
+        self.holds[agent_id] = self.clock() + ttl_s
+
+    def unhold(self, agent_id: str) -> bool:
+        """End `agent_id`'s hold; False when it had none."""
+        if self.holds.pop(agent_id, None) is None:
+            return False
+        self.counters["hold_released"] += 1
+        return True
+
+    def held(self, agent_id: str) -> bool:
+        """True while `agent_id` is held (an expired hold is dropped and counted here)."""
+        deadline = self.holds.get(agent_id)
+        if deadline is None:
+            return False
+        if self.clock() < deadline:
+            return True
+        del self.holds[agent_id]
+        self.counters["hold_expired"] += 1
+        logger.debug("hold of agent %r expired", agent_id)
+        return False
+
+    def default_ttl(self, a: AgentState, *, in_ram: bool = True) -> float:
+        """`reload_ttl` of agent `a` with the rates this pool measured."""
+        return reload_ttl(a.ledger.n_live, self.restore_s_per_token, in_ram=in_ram,
+                          prefill_s_per_token=self.prefill_s_per_token)
+
+    # ------------------------------------------------------------------ calls
+    def arrive(self, agent_id: str, *, resident: bool, has_state: bool) -> None:
+        """A call of `agent_id` starts: count the hint's hit or miss, end its hold, move the order on.
+
+        Only calls of agents that had something kept are counted (`has_state`): a
+        first call cannot find anything resident, whatever the hints said.
+        """
+        if agent_id in self.order:
+            if has_state:
+                self.counters["expected"] += 1
+                self.counters["hits" if resident else "misses"] += 1
+            self.order.remove(agent_id)
+        if self.holds.pop(agent_id, None) is not None and has_state:
+            self.counters["hold_hits"] += resident
+
+    def learn(self, result: ChatResult) -> None:
+        """Update the measured restore and prefill rates from a finished call."""
+        t, u = result.timings, result.usage
+        if result.kv == "restored" and t.restore_s > 0 and u.cached_tokens:
+            self.restore_s_per_token += _EWMA * (t.restore_s / u.cached_tokens - self.restore_s_per_token)
+        new = u.prompt_tokens - u.cached_tokens
+        if t.prefill_s > 0 and new >= 16:
+            self.prefill_s_per_token += _EWMA * (t.prefill_s / new - self.prefill_s_per_token)
+
+    def stats(self) -> dict[str, Any]:
+        """`MemoryPool.stats()["hints"]`: counters, the hit rate, the current order and holds."""
+        now = self.clock()
+        c = self.counters
+        return {
+            **c,
+            "hit_rate": c["hits"] / c["expected"] if c["expected"] else 0.0,
+            "order": list(self.order),
+            "held": sorted(a for a, d in self.holds.items() if d > now),
+            "restore_ms_per_1k_tokens": 1e6 * self.restore_s_per_token,
+        }
+
+
+def _tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    names = []
+    for t in tools or ():
+        fn = t.get("function") if isinstance(t.get("function"), Mapping) else t
+        if isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
+class HintMethods:
+    """`MemoryPool`'s hint methods (mixed into the facade; see the module docstring).
+
+    The facade provides `_core`, `_hints`, `_prefetcher` and `_check_open`.
+    """
+
+    _core: PoolCore
+    _hints: Hints
+    _prefetcher: Prefetcher
+
+    def _check_open(self) -> None:  # pragma: no cover - the facade's own is used
+        raise NotImplementedError
+
+    def expect(self, agent_ids: Sequence[str], *, soon: bool = True) -> None:
+        """Tell the pool which agents run next, in order (first = next call).
+
+        The list replaces the previous one. While it is not empty, the sequence given
+        up when another agent needs one is that of the agent whose next use is
+        furthest away (an agent not listed: furthest of all); each call of a listed
+        agent takes it off the list. With `soon`, the first listed agents that are
+        parked are restored in the background (as far as free sequences allow
+        without giving up one of an agent expected sooner).
+
+        Agent ids the pool does not know yet are accepted (an agent is created by
+        its first call); they simply cannot be restored ahead.
+
+        Args:
+            agent_ids: distinct agent ids, next first (at most `MAX_EXPECTED`).
+            soon: prefetch the first ones now.
+
+        Raises:
+            ConfigError: a malformed agent id, a non-list, too many ids, or a non-bool `soon`.
+
+        >>> pool.expect(["engineer", "reviewer"])            # doctest: +SKIP
+        >>> pool.stats()["hints"]["order"]                   # doctest: +SKIP
+        ['engineer', 'reviewer']
+        """
+        self._check_open()
+        if isinstance(agent_ids, (str, bytes)) or not isinstance(agent_ids, Sequence):
+            raise ConfigError(f"agent_ids must be a list of agent ids, got {type(agent_ids).__name__}")
+        if len(agent_ids) > MAX_EXPECTED:
+            raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got {len(agent_ids)}")
+        ids = [check.agent_id(x, field="agent_ids[]") for x in agent_ids]
+        if not isinstance(soon, bool):
+            raise ConfigError(f"soon must be a bool, got {soon!r}")
+        core = self._core
+        if not core.config.hints:
+            return
+        with core.lock:
+            self._hints.expect(ids)
+            first = self._hints.upcoming(core.config.resident_agents)
+        if soon:
+            self._prefetcher.prefetch(first)
+
+    def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
+        """Keep `agent_id` in its live sequence until `ttl_s` passes or its next call starts.
+
+        A held agent is not parked to make room while any other candidate is not
+        held. A parked agent is restored in the background first. Call it when the
+        agent's reply was a tool call: it runs again as soon as the tool returns.
+        `MemoryPool.chat(..., tools=...)` does this itself for a reply that is a call.
+
+        Args:
+            agent_id: a known agent.
+            ttl_s: seconds, `0 < ttl_s <= MAX_TTL_S`; `None`: `reload_ttl` of the
+                agent (`HOLD_SCALE` x its estimated reload time, within
+                `[HOLD_MIN_S, HOLD_MAX_S]`).
+
+        Raises:
+            ConfigError: a malformed agent id or TTL.
+            UnknownAgentError: the pool does not know the agent.
+        """
+        self._check_open()
+        check.agent_id(agent_id)
+        if ttl_s is not None:
+            ttl_s = check.finite_float(ttl_s, field="ttl_s", lo=0.0, lo_open=True, hi=MAX_TTL_S)
+        core = self._core
+        if not core.config.hints:
+            return
+        with core.lock:
+            a = core.agent(agent_id)
+            self._hints.hold(agent_id, ttl_s if ttl_s is not None else self._hints.default_ttl(a))
+            parked = a.seq is None
+        if parked:
+            self._prefetcher.prefetch([agent_id])
+
+    def unhold(self, agent_id: str) -> None:
+        """End `agent_id`'s hold (no-op when it has none or the agent is unknown).
+
+        Raises:
+            ConfigError: a malformed agent id.
+        """
+        self._check_open()
+        check.agent_id(agent_id)
+        with self._core.lock:
+            self._hints.unhold(agent_id)
+
+    def _tracked(
+        self, agent_id: str, run: Iterator[str | ChatResult], tools: Sequence[Mapping[str, Any]] | None,
+        fmt: ToolFormat | None,
+    ) -> Iterator[str | ChatResult]:
+        """`run` (one call's stream), counting its hint hit and holding the agent after a tool call."""
+        core, hints = self._core, self._hints
+        with core.lock:
+            a = core.agents.get(agent_id)
+            hints.arrive(agent_id, resident=a is not None and a.seq is not None,
+                         has_state=a is not None and (a.seq is not None or a.tier in core.tiers))
+        names = _tool_names(tools) if core.config.hints else []
+        try:
+            for item in run:
+                if isinstance(item, ChatResult):
+                    # before the turn's housekeeping runs (it resumes after this yield):
+                    # a prefetch it starts must already see the hold
+                    with core.lock:
+                        hints.learn(item)
+                        a = core.agents.get(agent_id)
+                        if names and fmt is not None and a is not None and fmt.find(item.text, names) is not None:
+                            hints.hold(agent_id, hints.default_ttl(a))
+                yield item
+        finally:
+            close = getattr(run, "close", None)
+            if close is not None:
+                close()

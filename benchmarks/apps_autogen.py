@@ -1,0 +1,285 @@
+"""End-to-end AutoGen app: a SelectorGroupChat of 4 agents with tools, fewer live sequences than agents.
+
+Four `AssistantAgent`s (pm, engineer, reviewer, writer — three with a tool that takes
+`--tool-ms` of simulated work) and a selector run a few tasks as one
+`SelectorGroupChat` on the instruct model `qwen2.5-coder-0.5b-instruct`. Variants,
+measured in the same run:
+
+* `hints` — agentmem, `resident_agents` < 5 model users (4 agents + the selector); the
+  selector's `speaker_selection` client expects its candidates, then its answer, and a
+  tool-call reply holds its agent (no app code: `agentmem_autogen._hints`);
+* `no-hints` — the same with `PoolConfig(hints=False)` (the learned predictor only);
+* `all-resident` — agentmem with a live sequence for every model user (the bound);
+* `peer` — autogen-ext's `LlamaCppChatCompletionClient`, one `Llama` shared by all.
+
+Reported per variant: wall time per task, total prefilled tokens, p50/p99 TTFT of the
+model calls, the hint hit rate (`stats()["hints"]`), the restore time left inside calls
+and how each call found its KV (agentmem), and ratios against `all-resident` and
+`no-hints`. On a shared, loaded CPU the wall and TTFT figures move with the load
+(recorded); prefilled tokens and in-call restore time are the load-robust ones. Target of issue 16: with hints, p99 TTFT within 1.2x of all-resident
+and wall time below no-hints.
+
+Run: `python benchmarks/apps_autogen.py [--tasks 2 --turns 5 --threads 2 --json out.json]`.
+`main(argv)` is the entry point (`benchmarks/apps.py` may call it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import load, md_table, table  # noqa: E402
+
+logger = logging.getLogger("apps_autogen")
+
+MODEL = "qwen2.5-coder-0.5b-instruct"
+VARIANTS = ("hints", "no-hints", "all-resident", "peer")
+TEAM = "Acme Tasks builds Tasker, a to-do app for small teams (1,200 paying teams, churn 3% a month)."
+ROLES = {
+    "pm": ("Product manager: scope and success metric; looks up metrics.",
+           "You are the product manager. Use lookup_metric for numbers, then state scope and one metric."),
+    "engineer": ("Engineer: sizes work with estimate_effort and proposes a design.",
+                 "You are the engineer. Use estimate_effort to size the work, then propose the simplest design."),
+    "reviewer": ("Reviewer: checks risks with check_risk.",
+                 "You are the reviewer. Use check_risk on the proposal, then name the biggest risk."),
+    "writer": ("Writer: turns decisions into two lines of release notes.",
+               "You are the writer. Turn the decisions so far into two lines of release notes."),
+}
+TASKS = [
+    "Plan due-date reminders for the next release.",
+    "Plan recurring tasks for the release after.",
+    "Plan a CSV export of all tasks.",
+    "Plan a calendar view.",
+]
+SELECTOR_PROMPT = """You pick who speaks next. Roles:
+{roles}.
+
+{history}
+
+Select the next role from {participants}. Only return the role."""
+
+
+def make_tools(tool_s: float) -> dict[str, list[Callable[..., Any]]]:
+    """Three agents' tools; each sleeps `tool_s` (the work a real tool does between model calls)."""
+
+    async def lookup_metric(name: str) -> str:
+        """Look up a product metric by name (churn, active_teams, tasks_per_team)."""
+        await asyncio.sleep(tool_s)
+        return {"churn": "3% per month", "active_teams": "1,200"}.get(name, "41 tasks per team per week")
+
+    async def estimate_effort(feature: str, complexity: str) -> str:
+        """Estimate engineer-days for a feature; complexity is low, medium or high."""
+        await asyncio.sleep(tool_s)
+        return f"{feature}: {dict(low=2, medium=5, high=10).get(complexity, 5)} engineer-days"
+
+    async def check_risk(proposal: str) -> str:
+        """Check a proposal for privacy, security, data-loss and cost risks."""
+        await asyncio.sleep(tool_s)
+        return "main risk: notifications leak task titles on lock screens; mitigate with a privacy setting"
+
+    return {"pm": [lookup_metric], "engineer": [estimate_effort], "reviewer": [check_risk], "writer": []}
+
+
+@dataclass
+class Run:
+    """What one variant measured."""
+
+    variant: str
+    task_wall_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    prefilled: int = 0
+    calls: int = 0
+    tool_calls: int = 0
+    restore_s: float = 0.0  # restore time spent inside calls (agentmem; what prefetch and holds remove)
+    kv: dict[str, int] = field(default_factory=dict)  # calls by how their KV was found (agentmem)
+    hints: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        t = sorted(self.ttft_s)
+        p = (lambda q: t[min(len(t) - 1, int(q * len(t)))] if t else float("nan"))
+        return {
+            "variant": self.variant, "calls": self.calls, "tool_calls": self.tool_calls,
+            "wall_s": round(sum(self.task_wall_s), 2), "task_wall_s": [round(x, 2) for x in self.task_wall_s],
+            "prefilled_tokens": self.prefilled, "ttft_p50_ms": round(1e3 * statistics.median(t), 1) if t else None,
+            "ttft_p99_ms": round(1e3 * p(0.99), 1), "hint_hit_rate": self.hints.get("hit_rate"),
+            "restore_in_calls_ms": round(1e3 * self.restore_s, 1), "kv": dict(self.kv),
+            "hints": {k: self.hints.get(k) for k in ("expected", "hits", "holds", "hold_hits", "hold_expired")},
+        }
+
+
+def build_team(clients: dict[str, Any], selector: Any, tools: dict[str, list[Callable[..., Any]]], turns: int) -> Any:
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.conditions import MaxMessageTermination
+    from autogen_agentchat.teams import SelectorGroupChat
+
+    agents = [
+        AssistantAgent(name, model_client=clients[name], description=desc, system_message=f"{TEAM}\n{role}",
+                       tools=tools[name], reflect_on_tool_use=bool(tools[name]))
+        for name, (desc, role) in ROLES.items()
+    ]
+    return SelectorGroupChat(agents, model_client=selector, selector_prompt=SELECTOR_PROMPT,
+                             termination_condition=MaxMessageTermination(1 + turns))
+
+
+async def run_tasks(team: Any, run: Run, tasks: Sequence[str]) -> None:
+    from autogen_agentchat.messages import ToolCallRequestEvent
+
+    for task in tasks:
+        t0 = time.perf_counter()
+        result = await team.run(task=task)
+        run.task_wall_s.append(time.perf_counter() - t0)
+        run.tool_calls += sum(isinstance(m, ToolCallRequestEvent) for m in result.messages)
+        logger.info("%s: %r in %.1f s, speakers %s", run.variant, task, run.task_wall_s[-1],
+                    [m.source for m in result.messages[1:]])
+
+
+async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
+    from agentmem import MemoryPool
+    from agentmem_autogen import AgentMemChatCompletionClient
+
+    resident = 5 if variant == "all-resident" else args.resident
+    run = Run(variant)
+    with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=resident, n_threads=args.threads,
+                    hints=variant != "no-hints") as pool:
+
+        def on_result(agent_id: str, r: Any) -> None:
+            run.calls += 1
+            run.ttft_s.append(r.timings.ttft_s)
+            run.restore_s += r.timings.restore_s
+            run.kv[r.kv] = run.kv.get(r.kv, 0) + 1
+
+        clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}
+        selector = AgentMemChatCompletionClient(pool, agent_id="selector", max_tokens=8, speaker_selection=True)
+        for c in [*clients.values(), selector]:
+            c.on_result = on_result
+        await run_tasks(build_team(clients, selector, make_tools(args.tool_ms / 1e3), args.turns), run,
+                        TASKS[: args.tasks])
+        s = pool.stats()
+        run.prefilled = s["totals"]["prefill_tokens"]
+        run.hints = s["hints"]
+    return run
+
+
+async def run_peer(args: argparse.Namespace) -> Run:
+    import llama_cpp
+    from autogen_ext.models.llama_cpp import LlamaCppChatCompletionClient
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    from agentmem import resolve_model_path
+
+    run = Run("peer")
+
+    class Timed(LlamaCppChatCompletionClient):
+        """The peer client plus default args, the selector's candidate grammar, and llama.cpp's own counters."""
+
+        defaults: dict[str, Any] = {}
+        selection = False
+
+        async def create(self, messages: Any, **kw: Any) -> Any:  # type: ignore[override]
+            extra = {**self.defaults, **dict(kw.get("extra_create_args") or {})}
+            if self.selection:  # the same help agentmem's speaker_selection gives
+                found = re.findall(r"\['[^'\n]+'(?:, '[^'\n]+')*\]", str(messages[-1].content))
+                if found:
+                    gbnf = "root ::= " + " | ".join(json.dumps(n) for n in ast.literal_eval(found[-1]))
+                    extra["grammar"] = LlamaGrammar.from_string(gbnf, verbose=False)
+            kw["extra_create_args"] = extra
+            ctx = self.llm._ctx.ctx
+            before = llama_cpp.llama_perf_context(ctx)
+            t0 = time.perf_counter()
+            result = await super().create(messages, **kw)
+            wall = time.perf_counter() - t0
+            after = llama_cpp.llama_perf_context(ctx)
+            run.calls += 1
+            run.prefilled += after.n_p_eval - before.n_p_eval
+            run.ttft_s.append(max(0.0, wall - (after.t_eval_ms - before.t_eval_ms) / 1e3))
+            return result
+
+    base = Timed(model_path=str(resolve_model_path(MODEL)), n_ctx=args.n_ctx, n_batch=512, n_threads=args.threads,
+                 n_threads_batch=args.threads, flash_attn=True, verbose=False)
+    base.defaults = {"max_tokens": args.max_tokens, "temperature": 0.0}
+
+    def view(**defaults: Any) -> Timed:
+        import copy
+
+        v = copy.copy(base)
+        v.defaults = {**base.defaults, **defaults}
+        return v
+
+    selector = view(max_tokens=8)
+    selector.selection = True
+    try:
+        await run_tasks(build_team({n: view() for n in ROLES}, selector, make_tools(args.tool_ms / 1e3), args.turns),
+                        run, TASKS[: args.tasks])
+    finally:
+        await base.close()
+    return run
+
+
+def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    by = {r["variant"]: r for r in rows}
+    heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "TTFT p50 ms", "TTFT p99 ms",
+             "hint hit rate", "restore in calls ms"]
+    body = [[r["variant"], r["calls"], r["tool_calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])),
+             r["prefilled_tokens"], r["ttft_p50_ms"], r["ttft_p99_ms"],
+             "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}",
+             r["restore_in_calls_ms"] if r["variant"] != "peer" else "-"] for r in rows]
+    out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']} of 5 model users", "",
+           table(heads, body), "", md_table(heads, body)]
+    ratios = []
+    for a, b, what in [("hints", "all-resident", "ttft_p99_ms"), ("hints", "no-hints", "wall_s"),
+                       ("hints", "no-hints", "ttft_p99_ms"), ("hints", "peer", "wall_s"),
+                       ("hints", "peer", "prefilled_tokens")]:
+        if a in by and b in by and by[b][what]:
+            ratios.append(f"{what} {a}/{b} = {by[a][what] / by[b][what]:.2f}")
+    return "\n".join(out + ["", *ratios])
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--tasks", type=int, default=2, help=f"tasks run one after the other (<= {len(TASKS)})")
+    ap.add_argument("--turns", type=int, default=5, help="agent messages per task")
+    ap.add_argument("--resident", type=int, default=3, help="live sequences for the hints/no-hints variants")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--json", help="write the rows and metadata here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.tasks <= len(TASKS):
+        ap.error(f"--tasks must be in 1..{len(TASKS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Run the variants once each; print the table and ratios; return the rows."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logger.setLevel(logging.INFO)  # AutoGen's own loggers (events, runtime) stay at WARNING
+    args = parse_args(argv)
+    rows = []
+    for v in args.variants:
+        run = asyncio.run(run_peer(args) if v == "peer" else run_agentmem(v, args))
+        rows.append(run.row())
+        logger.info("%s", rows[-1])
+    meta = {"load": load(), "threads": args.threads, "resident": args.resident, "model": MODEL,
+            "tasks": args.tasks, "turns": args.turns, "tool_ms": args.tool_ms, "max_tokens": args.max_tokens}
+    logger.info("\n%s", report(rows, meta))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""AgentMemMemory: AutoGen's `Memory` over one agent of an agentmem pool — pinned facts and recall of evicted text.
+
+An agent with a token budget (`MemoryPool.set_budget`) keeps only part of its history
+in the KV; the rest is evicted, and its text is archived with full-text search
+(`MemoryPool.recall`). `AgentMemMemory` brings it back the AutoGen way: as
+`AssistantAgent(memory=[AgentMemMemory(pool, agent_id=...)])`, before every model
+call `update_context` searches the agent's evicted text for what the latest message
+asks about and adds the best spans to the model context, and keeps the facts given
+to `add` in one system message that the agent's client pins in the KV (never
+evicted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+from autogen_core import CancellationToken, Component
+from autogen_core.memory import Memory, MemoryContent, MemoryMimeType, MemoryQueryResult, UpdateContextResult
+from autogen_core.model_context import ChatCompletionContext
+from autogen_core.models import AssistantMessage, FunctionExecutionResultMessage, SystemMessage, UserMessage
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Self
+
+import agentmem.validation as check
+from agentmem import AgentMemError, MemoryPool, PoolConfig
+from agentmem.tools import acquire, register, release
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FACTS_HEADER", "RECALL_HEADER", "AgentMemMemory", "AgentMemMemoryConfig", "pin_facts"]
+
+FACTS_HEADER = "Pinned facts:"
+"""First line of the system message holding the facts (the client pins messages that start with it)."""
+RECALL_HEADER = "Recalled from earlier in this conversation (no longer in working memory):"
+"""First line of a system message of recalled evicted text."""
+
+
+async def pin_facts(pool: MemoryPool, agent_id: str, messages: List[Dict[str, Any]]) -> None:
+    """Pin the latest facts message of a finished call in the agent's KV (and unpin older ones)."""
+    idx = [i for i, m in enumerate(messages)
+           if m.get("role") == "system" and str(m.get("content", "")).startswith(FACTS_HEADER)]
+    if idx:
+        def pin() -> None:
+            try:
+                for i in idx[:-1]:
+                    pool.pin(agent_id, i, False)
+                pool.pin(agent_id, idx[-1])
+            except AgentMemError as exc:  # the call did not keep its messages (cancelled, trimmed)
+                logger.debug("agent %r: facts message not pinned: %s", agent_id, exc)
+        await asyncio.to_thread(pin)
+
+
+#: Tokens of history looked at on each side of a recalled span to complete its line.
+CONTEXT_TOKENS = 48
+
+
+def _recall(pool: MemoryPool, agent_id: str, query: str, k: int) -> list[tuple[str, Any]]:
+    """The `k` best evicted spans as `(text, span)`, each widened to the whole line(s) it cuts.
+
+    Eviction removes token blocks, so a span may start or end inside a sentence (`"the
+    vault pass"` | `"word is marmalade."`); the history tokens around it complete it up to
+    the nearest line breaks (at most `CONTEXT_TOKENS` each side), without the template's
+    role lines. A span counts only when it shares a word of four letters or more (not a
+    common one) with the query — the full-text search ORs every word, so `"what is"`
+    alone would match everything. Duplicates and this memory's own messages are dropped.
+    """
+    wanted = _words(query)
+    if not wanted or k == 0:
+        return []
+    spans = pool.recall(agent_id, query, 4 * k)
+    if not spans:
+        return []
+    hist = pool.history_tokens(agent_id)
+    text = pool.model.detokenize
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for s in spans:
+        left = text(hist[max(0, s.start - CONTEXT_TOKENS) : s.start])
+        right = text(hist[s.end : s.end + CONTEXT_TOKENS])
+        whole = left.rsplit("\n", 1)[-1] + text(hist[s.start : s.end]) + right.split("\n", 1)[0]
+        lines = [ln.strip() for ln in whole.splitlines()]
+        whole = "\n".join(ln for ln in lines if ln and ln.lower() not in _ROLE_LINES)
+        if not whole or whole in seen or whole.startswith((FACTS_HEADER, RECALL_HEADER)) or not wanted & _words(whole):
+            continue
+        seen.add(whole)
+        out.append((whole, s))
+        if len(out) == k:
+            break
+    return out
+
+
+#: Lines of a chat template's markup left when its control tokens are dropped.
+_ROLE_LINES = frozenset({"system", "user", "assistant", "tool", "model", "ipython"})
+#: Words too common to make a span relevant (the FTS query ORs every word).
+_COMMON = frozenset(
+    "about also been could does from have into just like make many more most much must name only over "
+    "said same says should some such tell than that their them then there these they this very want were "
+    "what when where which while will with would your".split()
+)
+
+
+def _words(text: str) -> set[str]:
+    """The words of `text` that can make a span relevant: four letters or more, not common."""
+    return {w for w in re.findall(r"\w+", text.lower()) if len(w) >= 4 and w not in _COMMON}
+
+
+class AgentMemMemoryConfig(BaseModel):
+    """Serializable configuration of `AgentMemMemory` (`dump_component`)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    agent_id: str
+    """The pool agent whose archive this memory reads (its client's `agent_id`)."""
+    pool: Dict[str, Any] = Field(default_factory=dict)
+    """The pool's `agentmem.PoolConfig` as a dict (an open pool with it is reused)."""
+    name: Optional[str] = None
+    """Identifier of this memory instance."""
+    k: int = 3
+    """Evicted spans recalled per model call at most."""
+    facts: List[str] = Field(default_factory=list)
+    """The facts added so far (kept in the context, pinned in the KV)."""
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return json.dumps(content, ensure_ascii=False)
+    raise ValueError(f"AgentMemMemory keeps text and JSON contents, got {type(content).__name__}")
+
+
+def _message_text(m: Any) -> str:
+    if isinstance(m, (UserMessage, SystemMessage)) and isinstance(m.content, str):
+        return m.content
+    if isinstance(m, AssistantMessage):
+        return m.content if isinstance(m.content, str) else (m.thought or "")
+    if isinstance(m, FunctionExecutionResultMessage):
+        return "\n".join(r.content for r in m.content)
+    return ""
+
+
+class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
+    """AutoGen `Memory` over an agentmem agent: pinned facts plus recall of its evicted text.
+
+    Setup: the agent's client and this memory name the same pool agent; give the
+    agent a token budget so old turns are evicted (and archived) instead of filling
+    its context.
+
+    ```python
+    pool = MemoryPool(model="qwen2.5-coder-0.5b-instruct", n_ctx=8192)
+    pool.set_budget("analyst", 512)
+    memory = AgentMemMemory(pool, agent_id="analyst")
+    await memory.add(MemoryContent(content="The customer is ACME.", mime_type=MemoryMimeType.TEXT))
+    agent = AssistantAgent("analyst", model_client=AgentMemChatCompletionClient(pool, agent_id="analyst"),
+                           memory=[memory])
+    ```
+
+    Before each model call (`update_context`):
+
+    * **facts** — every `add`ed text (or JSON) is listed in one system message
+      starting with `FACTS_HEADER`, added to the model context when the set changed;
+      the agent's `AgentMemChatCompletionClient` pins its latest such message in the
+      KV (`MemoryPool.pin`), so eviction never takes it.
+    * **recall** — the latest message's words are searched in the agent's evicted
+      text (`MemoryPool.recall`, the archive's FTS5/BM25); up to `k` spans not
+      recalled before are added as a system message starting with `RECALL_HEADER`
+      (a span cut inside a sentence is completed to its line from the history tokens).
+
+    `query(text)` returns the matching facts and evicted spans as `MemoryContent`
+    (`metadata["source"]` is `"fact"` or `"recall"`; a recall carries `score`,
+    `region` and its ledger positions). `clear()` forgets the facts; evicted text stays
+    in the archive with the agent's history (`MemoryPool.forget` drops it).
+
+    Args:
+        pool: the shared pool (`None`: the open pool of `pool_config`, loaded once).
+        agent_id: the agent (its client's `agent_id`).
+        pool_config: configuration of the pool when `pool` is `None`.
+        name: identifier of the memory.
+        k: spans recalled per call (0 turns recall off).
+        facts: initial facts.
+
+    Raises:
+        agentmem.ConfigError: a malformed `agent_id` or `k`.
+    """
+
+    component_type = "memory"
+    component_config_schema = AgentMemMemoryConfig
+    component_provider_override = "agentmem_autogen.AgentMemMemory"
+
+    def __init__(
+        self,
+        pool: MemoryPool | None = None,
+        *,
+        agent_id: str,
+        pool_config: PoolConfig | Mapping[str, Any] | None = None,
+        name: str | None = None,
+        k: int = 3,
+        facts: List[str] | None = None,
+    ) -> None:
+        check.agent_id(agent_id)
+        check.bounded_int(k, field="k", lo=0, hi=100)
+        if pool is not None and pool_config is not None:
+            raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
+        if pool is not None:
+            if not isinstance(pool, MemoryPool):
+                raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
+            self._pool, self._owns_pool = pool, False
+            register(pool)
+        else:
+            cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())
+            self._pool, self._owns_pool = acquire(cfg, lambda c: MemoryPool(config=c))
+        self._agent_id = agent_id
+        self._name = name or f"agentmem:{agent_id}"
+        self._k = k
+        self._facts: list[str] = [_text(f) for f in facts or []]
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        """Identifier of this memory."""
+        return self._name
+
+    @property
+    def agent_id(self) -> str:
+        """The pool agent this memory reads."""
+        return self._agent_id
+
+    @property
+    def facts(self) -> list[str]:
+        """The facts added so far (a copy)."""
+        return list(self._facts)
+
+    # ------------------------------------------------------------------ the protocol
+    async def add(self, content: MemoryContent, cancellation_token: CancellationToken | None = None) -> None:
+        """Add a fact (text or JSON); it reaches the context at the next `update_context`."""
+        text = _text(content.content).strip()
+        if text and text not in self._facts:
+            self._facts.append(text)
+
+    async def query(
+        self, query: str | MemoryContent = "", cancellation_token: CancellationToken | None = None, **kwargs: Any
+    ) -> MemoryQueryResult:
+        """Facts sharing a word with `query`, then the agent's best-matching evicted spans.
+
+        Keyword `k` overrides the number of spans.
+        """
+        text = _text(query.content) if isinstance(query, MemoryContent) else str(query)
+        k = kwargs.get("k", self._k)
+        words = {w.lower() for w in text.split() if len(w) > 2}
+        results = [
+            MemoryContent(content=f, mime_type=MemoryMimeType.TEXT, metadata={"source": "fact"})
+            for f in self._facts if words & {w.lower().strip(".,:;!?") for w in f.split()}
+        ]
+        for whole, s in await asyncio.to_thread(_recall, self._pool, self._agent_id, text, k):
+            results.append(MemoryContent(
+                content=whole, mime_type=MemoryMimeType.TEXT,
+                metadata={"source": "recall", "score": s.score, "region": s.region, "start": s.start, "end": s.end},
+            ))
+        return MemoryQueryResult(results=results)
+
+    async def update_context(self, model_context: ChatCompletionContext) -> UpdateContextResult:
+        """Add the facts (when changed) and the evicted text the latest message asks about."""
+        messages = await model_context.get_messages()
+        added: list[MemoryContent] = []
+        if self._facts:
+            block = FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in self._facts)
+            last = next((m for m in reversed(messages) if isinstance(m, SystemMessage)
+                         and m.content.startswith(FACTS_HEADER)), None)
+            if last is None or last.content != block:
+                await model_context.add_message(SystemMessage(content=block))
+            added += [MemoryContent(content=f, mime_type=MemoryMimeType.TEXT, metadata={"source": "fact"})
+                      for f in self._facts]
+        latest = next((_message_text(m) for m in reversed(messages) if _message_text(m)
+                       and not (isinstance(m, SystemMessage) and m.content.startswith((FACTS_HEADER, RECALL_HEADER)))), "")
+        if self._k and latest:
+            context_text = "\n".join(_message_text(m) for m in messages if isinstance(m, SystemMessage))
+            spans = await asyncio.to_thread(_recall, self._pool, self._agent_id, latest, self._k)
+            fresh = [(t, s) for t, s in spans if t not in context_text]
+            if fresh:
+                body = "\n".join(f"- {t}" for t, _ in fresh)
+                await model_context.add_message(SystemMessage(content=f"{RECALL_HEADER}\n{body}"))
+                added += [MemoryContent(content=t, mime_type=MemoryMimeType.TEXT,
+                                        metadata={"source": "recall", "score": s.score, "region": s.region})
+                          for t, s in fresh]
+        return UpdateContextResult(memories=MemoryQueryResult(results=added))
+
+    async def clear(self) -> None:
+        """Forget the facts (evicted text stays in the archive)."""
+        self._facts = []
+
+    async def close(self) -> None:
+        """Stop using the pool (closes it when this memory loaded it and was its last user)."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_pool:
+                release(self._pool)
+
+    # ------------------------------------------------------------------ component
+    def _to_config(self) -> AgentMemMemoryConfig:
+        return AgentMemMemoryConfig(agent_id=self._agent_id, pool=self._pool.config.to_dict(), name=self._name,
+                                    k=self._k, facts=list(self._facts))
+
+    @classmethod
+    def _from_config(cls, config: AgentMemMemoryConfig) -> Self:
+        return cls(agent_id=config.agent_id, pool_config=PoolConfig.from_dict(config.pool) if config.pool else None,
+                   name=config.name, k=config.k, facts=config.facts)

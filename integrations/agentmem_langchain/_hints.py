@@ -1,0 +1,170 @@
+"""Workflow hints from LangChain and LangGraph to the pool: who runs next, who waits for a tool.
+
+* **Tool calls** — a reply that ends in a tool call means its agent is called again as
+  soon as the tool returns: the agent is held resident (`MemoryPool.hold`, TTL from its
+  reload cost); the pool ends the hold when the agent's next call starts.
+* **Graph edges** — after `model.follow(graph)`, a reply to node `n` tells the pool which
+  agents run next (`MemoryPool.expect`, nearest first): the model-calling nodes reachable
+  from `n` along the compiled graph's edges, in breadth-first order (direct edges before
+  conditional ones at the same distance). Which nodes call a model is learned as they do,
+  so tool nodes and plain functions are stepped over.
+
+Pools without the hints API (an older agentmem) are left alone; a hint never fails a call
+(errors are logged at DEBUG).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from agentmem import AgentMemError, MemoryPool
+
+from ._identity import node_path, with_node
+
+__all__ = ["GraphFollower", "follower_for", "hold_after_reply"]
+
+logger = logging.getLogger(__name__)
+
+#: Expected agents sent with one hint at most (the pool cannot prefetch more than it has sequences for).
+MAX_EXPECTED = 8
+_START, _END = "__start__", "__end__"
+
+def _hint(pool: MemoryPool, name: str, *args: Any, **kwargs: Any) -> bool:
+    """Call `pool.<name>(...)` if the pool has it; `True` when it was sent."""
+    method = getattr(pool, name, None)
+    if method is None:
+        return False
+    try:
+        method(*args, **kwargs)
+    except (AgentMemError, ValueError) as exc:
+        logger.debug("pool.%s%r ignored: %s", name, args, exc)
+        return False
+    return True
+
+
+def hold_after_reply(pool: MemoryPool, agent_id: str, ends_in_tool_call: bool) -> None:
+    """Hold `agent_id` resident when its reply ended in a tool call (TTL from its reload cost)."""
+    if ends_in_tool_call:
+        _hint(pool, "hold", agent_id, ttl_s=None)
+
+
+class GraphFollower:
+    """The edges of one compiled LangGraph graph, and which of its nodes call a model.
+
+    Args:
+        graph: a compiled graph (anything with `get_graph()`, as `StateGraph.compile()`
+            returns), or a `{node: [successor, ...]}` mapping.
+
+    >>> f = GraphFollower({"__start__": ["boss"], "boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
+    >>> f.saw("boss", "t/boss", auto=True); f.saw("b", "t/b", auto=True); f.saw("a", "t/a", auto=True)
+    >>> f.next_nodes("a")
+    ['boss', 'b']
+    """
+
+    def __init__(self, graph: Any) -> None:
+        self.successors: dict[str, list[str]] = _edges(graph)
+        self._agents: dict[str, tuple[str, bool]] = {}  # node -> (last agent id, resolved automatically)
+        self._lock = threading.Lock()
+
+    def saw(self, node: str, agent_id: str, *, auto: bool) -> None:
+        """Node `node` called a model as `agent_id` (`auto`: the id came from the run config)."""
+        with self._lock:
+            self._agents[node] = (agent_id, auto)
+
+    def next_nodes(self, node: str) -> list[str]:
+        """Model-calling nodes reachable from `node`, nearest first (`node` itself excluded)."""
+        with self._lock:
+            agents = dict(self._agents)
+        out: list[str] = []
+        seen = {node}
+        queue = deque(self.successors.get(node, []))
+        for n in queue:
+            seen.add(n)
+        while queue and len(out) < MAX_EXPECTED:
+            n = queue.popleft()
+            if n in agents:
+                out.append(n)
+            for m in self.successors.get(n, []):
+                if m not in seen:
+                    seen.add(m)
+                    queue.append(m)
+        return out
+
+    def expected(self, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str]) -> list[str]:
+        """Agent ids to expect after a call with run config `config` (empty outside this graph)."""
+        meta = config.get("metadata") or {}
+        node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
+        if not isinstance(node, str) or node not in self.successors:
+            return []
+        with self._lock:
+            agents = dict(self._agents)
+        ids: list[str] = []
+        for n in self.next_nodes(node):
+            agent, auto = agents[n]
+            if auto:  # the same rule, for this call's thread
+                try:
+                    agent = resolve(with_node(config, n))
+                except AgentMemError:
+                    continue
+            if agent not in ids:
+                ids.append(agent)
+        return ids
+
+    def expect(self, pool: MemoryPool, agent_id: str, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str], *, auto: bool) -> None:
+        """Record the node of a finished call and tell `pool` which agents run after it."""
+        meta = config.get("metadata") or {}
+        node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
+        if not isinstance(node, str) or node not in self.successors or node_path(config) is None:
+            return
+        self.saw(node, agent_id, auto=auto)
+        ids = [a for a in self.expected(config, resolve) if a != agent_id]
+        if ids:
+            _hint(pool, "expect", ids, soon=True)
+
+
+_followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()
+_followers_guard = threading.Lock()
+
+
+def follower_for(graph: Any) -> GraphFollower:
+    """The `GraphFollower` of `graph`, shared by every model that follows it."""
+    if isinstance(graph, Mapping) or not hasattr(graph, "get_graph"):
+        return GraphFollower(graph)  # a mapping (not shared), or the TypeError naming what is expected
+    with _followers_guard:
+        f = _followers.get(graph)
+        if f is None:
+            f = _followers[graph] = GraphFollower(graph)
+        return f
+
+
+def _edges(graph: Any) -> dict[str, list[str]]:
+    """`{node: [successors]}` of a compiled graph, direct edges before conditional ones."""
+    if isinstance(graph, Mapping):
+        return {str(k): [str(x) for x in v if x != _END] for k, v in graph.items()}
+    get_graph = getattr(graph, "get_graph", None)
+    if get_graph is None:
+        raise TypeError(
+            f"follow() needs a compiled LangGraph graph (StateGraph(...).compile()) or a {{node: [successors]}} dict, "
+            f"got {type(graph).__name__}"
+        )
+    drawn = get_graph()
+    direct: dict[str, list[str]] = {}
+    branch: dict[str, list[str]] = {}
+    for e in drawn.edges:
+        if e.target == _END:
+            continue
+        bucket = branch if e.conditional else direct
+        bucket.setdefault(e.source, [])
+        if e.target not in bucket[e.source]:
+            bucket[e.source].append(e.target)
+    out: dict[str, list[str]] = {}
+    for node in drawn.nodes:
+        if node in (_END,):
+            continue
+        succ = [*direct.get(node, []), *(t for t in branch.get(node, []) if t not in direct.get(node, []))]
+        out[node] = succ
+    return out
