@@ -247,10 +247,6 @@ class HintMethods:
 
         Raises:
             ConfigError: a malformed agent id, a non-list, too many ids, or a non-bool `soon`.
-
-        >>> pool.expect(["engineer", "reviewer"])            # doctest: +SKIP
-        >>> pool.stats()["hints"]["order"]                   # doctest: +SKIP
-        ['engineer', 'reviewer']
         """
         self._check_open()
         if isinstance(agent_ids, (str, bytes)) or not isinstance(agent_ids, Sequence):

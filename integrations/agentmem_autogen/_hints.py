@@ -130,7 +130,8 @@ def follow(team: Any) -> Any:
         ValueError: the team has already run (its manager exists), or `follow` was
             already called on it.
 
-    >>> team = follow(RoundRobinGroupChat([pm, engineer], termination_condition=stop))  # doctest: +SKIP
+    Example:
+        >>> team = follow(RoundRobinGroupChat([pm, engineer], termination_condition=stop))  # doctest: +SKIP
     """
     from autogen_agentchat.teams import BaseGroupChat, RoundRobinGroupChat
 
