@@ -77,21 +77,36 @@ class GraphFollower:
 
     def next_nodes(self, node: str) -> list[str]:
         """Model-calling nodes reachable from `node`, nearest first (`node` itself excluded)."""
+        return [n for n, _ in self.next_levels(node)]
+
+    def next_levels(self, node: str) -> list[tuple[str, int]]:
+        """`(node, hops)` of the model-calling nodes reachable from `node`, nearest first.
+
+        `hops` counts model-calling nodes on the way (tool nodes and plain functions are
+        stepped over): the nodes of hop 1 are the candidates for the very next model call.
+
+        >>> f = GraphFollower({"boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
+        >>> f.saw("boss", "t/boss", auto=True); f.saw("b", "t/b", auto=True); f.saw("a", "t/a", auto=True)
+        >>> f.next_levels("boss")
+        [('a', 1), ('b', 1)]
+        >>> f.next_levels("a")
+        [('boss', 1), ('b', 2)]
+        """
         with self._lock:
             agents = dict(self._agents)
-        out: list[str] = []
+        out: list[tuple[str, int]] = []
         seen = {node}
-        queue = deque(self.successors.get(node, []))
-        for n in queue:
-            seen.add(n)
+        queue = deque((n, 0) for n in self.successors.get(node, []))
+        seen.update(n for n, _ in queue)
         while queue and len(out) < MAX_EXPECTED:
-            n = queue.popleft()
+            n, before = queue.popleft()
+            hops = before + 1 if n in agents else before
             if n in agents:
-                out.append(n)
+                out.append((n, hops))
             for m in self.successors.get(n, []):
                 if m not in seen:
                     seen.add(m)
-                    queue.append(m)
+                    queue.append((m, hops))
         return out
 
     def expected(self, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str]) -> list[str]:
@@ -123,7 +138,11 @@ class GraphFollower:
         self.saw(node, agent_id, auto=auto)
         ids = [a for a in self.expected(config, resolve) if a != agent_id]
         if ids:
-            _hint(pool, "expect", ids, soon=True)
+            # Prefetch only when the next model call is certain: after a branch (a supervisor
+            # routing to one of several workers) restoring a guess costs a sequence the right
+            # worker may need; the order still ranks who to give up first.
+            first = [n for n, hops in self.next_levels(node) if hops == 1]
+            _hint(pool, "expect", ids, soon=len(first) == 1)
 
 
 _followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()

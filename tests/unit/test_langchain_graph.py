@@ -239,6 +239,26 @@ def test_next_nodes_step_over_nodes_that_never_call_a_model() -> None:
     assert f.next_nodes("nowhere") == []
 
 
+def test_a_branch_expects_its_candidates_without_prefetching_a_guess() -> None:
+    f = _hints.GraphFollower({"__start__": ["boss"], "boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
+    for node in ("boss", "a", "b"):
+        f.saw(node, f"t/{node}", auto=True)
+    sent: list[tuple[list[str], bool]] = []
+
+    class Pool:
+        def expect(self, ids: list[str], *, soon: bool = True) -> None:
+            sent.append((list(ids), soon))
+
+    def resolve(config: Any) -> str:
+        return f"t/{config['metadata']['langgraph_node']}"
+
+    config = {"configurable": {"thread_id": "t"}, "metadata": {"langgraph_node": "boss", "checkpoint_ns": "boss:1"}}
+    f.expect(Pool(), "t/boss", config, resolve, auto=True)  # one of two workers runs next: rank, do not prefetch
+    config = {"configurable": {"thread_id": "t"}, "metadata": {"langgraph_node": "a", "checkpoint_ns": "a:1"}}
+    f.expect(Pool(), "t/a", config, resolve, auto=True)  # the boss runs next for certain: prefetch it
+    assert sent == [(["t/a", "t/b"], False), (["t/boss", "t/b"], True)], sent
+
+
 def test_follow_rejects_what_is_not_a_graph() -> None:
     with pytest.raises(TypeError, match="compiled LangGraph graph"):
         ChatAgentMem().follow(object())
