@@ -133,6 +133,9 @@ def run_load_pair(args: argparse.Namespace, servers: dict[str, ServerProc], load
     walls = {"exit": 0.0, "call": 0.0}
     log: list[dict[str, Any]] = []
     for k, block in enumerate(blocks):
+        if time.monotonic() > deadline:
+            logger.warning("time limit reached after %d of %d blocks", k, len(blocks))
+            break
         pair = ("exit", "call") if k % 2 == 0 else ("call", "exit")
         for name in pair:
             t0, load0 = time.monotonic(), load()
