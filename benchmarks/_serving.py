@@ -58,10 +58,13 @@ class ServerProc:
         log: file its stdout and stderr go to.
         health: the path that answers 200 once it serves.
         rss_every_s: RSS sampling period.
+        env: extra environment variables of the process (only its own).
     """
 
-    def __init__(self, cmd: list[str], port: int, log: Path, *, health: str = "/health", rss_every_s: float = 1.0) -> None:
+    def __init__(self, cmd: list[str], port: int, log: Path, *, health: str = "/health", rss_every_s: float = 1.0,
+                 env: dict[str, str] | None = None) -> None:
         self.cmd, self.port, self.log, self.health, self.rss_every_s = cmd, port, log, health, rss_every_s
+        self.env = {**os.environ, **env} if env else None
         self.base_url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.rss: list[tuple[float, int]] = []  # (seconds since start, bytes)
@@ -73,7 +76,8 @@ class ServerProc:
         """Start it and wait until `health` answers 200; returns the seconds that took."""
         self._t0 = time.monotonic()
         with open(self.log, "ab") as fh:
-            self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env=self.env)
         self._stop.clear()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -113,6 +117,10 @@ class ServerProc:
     def kill(self) -> int | None:
         """SIGKILL (no shutdown work at all)."""
         return self.stop(signal.SIGKILL, timeout_s=30.0)
+
+    def rss_now(self) -> int:
+        """The server's VmRSS now (0 when it is not running)."""
+        return rss_bytes(self.proc.pid) if self.proc is not None and self.proc.poll() is None else 0
 
     def peak_rss(self) -> int:
         return max((b for _, b in self.rss), default=0)
