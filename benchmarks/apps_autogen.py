@@ -99,6 +99,7 @@ class Run:
     task_wall_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
     prefilled: int = 0
+    decoded: int = 0  # tokens generated (what most of a call's wall time goes to on a CPU)
     calls: int = 0
     tool_calls: int = 0
     restore_s: float = 0.0  # restore time spent inside calls (agentmem; what prefetch and holds remove)
@@ -111,7 +112,7 @@ class Run:
         return {
             "variant": self.variant, "calls": self.calls, "tool_calls": self.tool_calls,
             "wall_s": round(sum(self.task_wall_s), 2), "task_wall_s": [round(x, 2) for x in self.task_wall_s],
-            "prefilled_tokens": self.prefilled, "ttft_p50_ms": round(1e3 * statistics.median(t), 1) if t else None,
+            "prefilled_tokens": self.prefilled, "decoded_tokens": self.decoded, "ttft_p50_ms": round(1e3 * statistics.median(t), 1) if t else None,
             "ttft_p99_ms": round(1e3 * p(0.99), 1), "hint_hit_rate": self.hints.get("hit_rate"),
             "restore_in_calls_ms": round(1e3 * self.restore_s, 1), "kv": dict(self.kv),
             "hints": {k: self.hints.get(k) for k in ("expected", "hits", "holds", "hold_hits", "hold_expired")},
@@ -156,6 +157,7 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
         def on_result(agent_id: str, r: Any) -> None:
             run.calls += 1
             run.ttft_s.append(r.timings.ttft_s)
+            run.decoded += r.usage.completion_tokens
             run.restore_s += r.timings.restore_s
             run.kv[r.kv] = run.kv.get(r.kv, 0) + 1
 
@@ -202,6 +204,7 @@ async def run_peer(args: argparse.Namespace) -> Run:
             after = llama_cpp.llama_perf_context(ctx)
             run.calls += 1
             run.prefilled += after.n_p_eval - before.n_p_eval
+            run.decoded += after.n_eval - before.n_eval
             run.ttft_s.append(max(0.0, wall - (after.t_eval_ms - before.t_eval_ms) / 1e3))
             return result
 
@@ -228,10 +231,10 @@ async def run_peer(args: argparse.Namespace) -> Run:
 
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     by = {r["variant"]: r for r in rows}
-    heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "TTFT p50 ms", "TTFT p99 ms",
+    heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
              "hint hit rate", "restore in calls ms"]
     body = [[r["variant"], r["calls"], r["tool_calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])),
-             r["prefilled_tokens"], r["ttft_p50_ms"], r["ttft_p99_ms"],
+             r["prefilled_tokens"], r.get("decoded_tokens"), r["ttft_p50_ms"], r["ttft_p99_ms"],
              "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}",
              r["restore_in_calls_ms"] if r["variant"] != "peer" else "-"] for r in rows]
     out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']} of 5 model users", "",
