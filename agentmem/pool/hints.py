@@ -34,14 +34,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import agentmem.validation as check
 from agentmem.errors import ConfigError
 from agentmem.pool.results import ChatResult
 
 if TYPE_CHECKING:
-    from agentmem.pool.prefetch import Prefetcher
     from agentmem.pool.state import AgentState, PoolCore
     from agentmem.tools.formats import ToolFormat
 
@@ -215,6 +214,12 @@ def _tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return names
 
 
+class _Prefetching(Protocol):
+    """What the hint methods need of the pool's prefetcher (`agentmem.pool.prefetch.Prefetcher`)."""
+
+    def prefetch(self, agent_ids: Sequence[str]) -> Any: ...
+
+
 class HintMethods:
     """`MemoryPool`'s hint methods (mixed into the facade; see the module docstring).
 
@@ -223,7 +228,7 @@ class HintMethods:
 
     _core: PoolCore
     _hints: Hints
-    _prefetcher: Prefetcher
+    _prefetcher: _Prefetching
 
     def _check_open(self) -> None:  # pragma: no cover - the facade's own is used
         raise NotImplementedError

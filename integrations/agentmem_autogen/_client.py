@@ -155,6 +155,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     component_type = "model"
     component_config_schema = AgentMemChatCompletionClientConfig
     component_provider_override = "agentmem_autogen.AgentMemChatCompletionClient"
+    is_agentmem_client = True  # how `_hints` recognises this class without importing it
 
     DEFAULT_MODEL_INFO: ModelInfo = ModelInfo(
         vision=False,

@@ -97,14 +97,17 @@ async def hold_after_call(pool: MemoryPool, agent_id: str) -> None:
     await _tell(pool, "hold", agent_id)
 
 
+def _is_agentmem_client(client: Any) -> bool:
+    """Whether `client` is an `AgentMemChatCompletionClient` (duck-typed: `_client` imports this module)."""
+    return getattr(type(client), "is_agentmem_client", False) is True
+
+
 def _participant_ids(team: Any) -> list[tuple[str, MemoryPool | None, str]]:
     """`(name, pool, agent id)` of every participant (`pool` is None without an agentmem client)."""
-    from ._client import AgentMemChatCompletionClient
-
     out = []
     for p, topic in zip(team._participants, team._participant_topic_types, strict=True):
         client = getattr(p, "_model_client", None)
-        if isinstance(client, AgentMemChatCompletionClient):
+        if _is_agentmem_client(client):
             aid = client.agent_id or runtime_agent_id(AgentId(topic, team._team_id))
             out.append((p.name, client.pool, aid))
         else:
@@ -135,8 +138,6 @@ def follow(team: Any) -> Any:
     """
     from autogen_agentchat.teams import BaseGroupChat, RoundRobinGroupChat
 
-    from ._client import AgentMemChatCompletionClient
-
     if not isinstance(team, BaseGroupChat):
         raise TypeError(f"follow() needs an AgentChat group chat team, got {type(team).__name__}")
     if getattr(team, "_initialized", False):
@@ -146,7 +147,7 @@ def follow(team: Any) -> Any:
     parts = _participant_ids(team)
     names = [n for n, _, _ in parts]
     selector = getattr(team, "_model_client", None)
-    selector_id = selector.agent_id if isinstance(selector, AgentMemChatCompletionClient) else None
+    selector_id = selector.agent_id if _is_agentmem_client(selector) else None
     round_robin = isinstance(team, RoundRobinGroupChat)
 
     async def tell(speakers: list[str] | str) -> None:
@@ -160,7 +161,7 @@ def follow(team: Any) -> Any:
             _, pool, aid = parts[names.index(n)]
             if pool is not None:
                 by_pool.setdefault(id(pool), (pool, []))[1].append(aid)
-        if selector_id is not None and isinstance(selector, AgentMemChatCompletionClient):
+        if selector_id is not None and _is_agentmem_client(selector):
             by_pool.setdefault(id(selector.pool), (selector.pool, []))[1].append(selector_id)
         for pool, ids in by_pool.values():
             await _tell(pool, "expect", ids, soon=True)
