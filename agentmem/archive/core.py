@@ -30,6 +30,7 @@ caller that does not pass `fence=` itself (the pool's persister) is fenced too.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import warnings
@@ -47,7 +48,7 @@ __all__ = ["ArchiveCore"]
 logger = logging.getLogger(__name__)
 
 
-class ArchiveCore:
+class ArchiveCore(abc.ABC):
     """Lifecycle, locked plumbing, transactions and fencing shared by every backend.
 
     Not used on its own: `Archive` (SQLite) and `PostgresArchive` compose it with
@@ -65,17 +66,21 @@ class ArchiveCore:
 
     # ------------------------------------------------------------------ backend hooks
 
-    def _require_db(self) -> Any:  # pragma: no cover - every backend overrides it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _require_db(self) -> Any:
+        """The open connection (`ArchiveError` once closed)."""
 
-    def _atomic(self, db: Any) -> contextlib.AbstractContextManager[Any]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _atomic(self, db: Any) -> contextlib.AbstractContextManager[Any]:
+        """A transaction on `db`: committed on exit, rolled back on an exception."""
 
-    def _now(self, db: Any) -> float:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _now(self, db: Any) -> float:
+        """The lease clock, in seconds since the epoch."""
 
-    def _search(self, db: Any, agent_id: str | None, terms: list[str], k: int) -> list[Sequence[Any]]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _search(self, db: Any, agent_id: str | None, terms: list[str], k: int) -> list[Sequence[Any]]:
+        """Full-text search of evicted text: the best `k` rows for `terms`."""
 
     def _span_text_in(self, text: str) -> str:
         """Evicted text as the backend stores it (unchanged unless the backend cannot hold a character)."""
@@ -90,13 +95,13 @@ class ArchiveCore:
         return stored
 
     @property
-    def closed(self) -> bool:  # pragma: no cover - every backend overrides it
+    @abc.abstractmethod
+    def closed(self) -> bool:
         """Whether `close` has run."""
-        raise NotImplementedError
 
-    def close(self) -> None:  # pragma: no cover
+    @abc.abstractmethod
+    def close(self) -> None:
         """Close the connection; safe to call twice."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ lifecycle
 

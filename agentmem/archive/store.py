@@ -9,6 +9,8 @@ the backend from its target: a `postgresql://` URL or a file path.
 
 from __future__ import annotations
 
+import abc
+
 import logging
 import os
 from typing import Any
@@ -32,17 +34,17 @@ logger = logging.getLogger(__name__)
 class ArchiveBase(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin, LeasesMixin):
     """The archive API both backends implement (use it in type hints); see `Archive` for the methods."""
 
-    def stats(self) -> ArchiveStats:  # pragma: no cover - each backend overrides it
+    @abc.abstractmethod
+    def stats(self) -> ArchiveStats:
         """Sizes and row counts."""
-        raise NotImplementedError
 
-    def checkpoint(self) -> None:  # pragma: no cover
+    @abc.abstractmethod
+    def checkpoint(self) -> None:
         """Flush what the backend buffers (SQLite: the WAL)."""
-        raise NotImplementedError
 
-    def vacuum(self) -> VacuumResult:  # pragma: no cover
+    @abc.abstractmethod
+    def vacuum(self) -> VacuumResult:
         """Return free space to the OS."""
-        raise NotImplementedError
 
     def _table_stats(self, db: Any) -> dict[str, TableStats]:
         tables = {}

@@ -230,8 +230,7 @@ class HintMethods:
     _hints: Hints
     _prefetcher: _Prefetching
 
-    def _check_open(self) -> None:  # pragma: no cover - the facade's own is used
-        raise NotImplementedError
+    _check_open: Callable[[], None]  # the facade's method
 
     def expect(self, agent_ids: Sequence[str], *, soon: bool = True) -> None:
         """Tell the pool which agents run next, in order (first = next call).
