@@ -252,20 +252,9 @@ class ArchiveConnection(ArchiveCore):
                 version = 0
         except sqlite3.DatabaseError as exc:
             raise ArchiveError(f"{self.path}: file is not a database or is corrupt: {exc}") from exc
-        newest = schema.SCHEMA_VERSION  # read at call time: tests stand in other migrations
-        if version > newest:
-            raise ArchiveError(
-                f"{self.path}: schema version {version} is newer than this agentmem "
-                f"supports (version {newest}); upgrade agentmem to open it"
-            )
-        if version < newest:
-            if self.readonly:
-                raise ArchiveError(
-                    f"{self.path}: schema version {version} needs migrating to version "
-                    f"{newest}; open it once without readonly=True"
-                )
+        if schema.needs_migration(self.path, version, readonly=self.readonly):
             schema.migrate(db, self.path, version)
-            version = newest
+            version = schema.SCHEMA_VERSION  # read at call time: tests stand in other migrations
         self._schema_version = version
 
     def _setup_fts(self) -> None:

@@ -163,19 +163,8 @@ class PostgresConnection(ArchiveCore):
         db = self._require_db()
         try:
             version = self._read_version(db)
-            newest = schema.SCHEMA_VERSION
-            if version > newest:
-                raise ArchiveError(
-                    f"{self.path}: schema version {version} is newer than this agentmem "
-                    f"supports (version {newest}); upgrade agentmem to open it"
-                )
-            if version < newest:
-                if self.readonly:
-                    raise ArchiveError(
-                        f"{self.path}: schema version {version} needs migrating to version "
-                        f"{newest}; open it once without readonly=True"
-                    )
-                version = self._migrate(db, newest)
+            if schema.needs_migration(self.path, version, readonly=self.readonly):
+                version = self._migrate(db, schema.SCHEMA_VERSION)
         except self._DRIVER_ERRORS as exc:
             raise ArchiveError(f"{self.path}: cannot open the schema: {exc}") from exc
         self._schema_version = version

@@ -199,6 +199,26 @@ PAYLOAD_SQL = {
 """Per table, the SQL expression summing a row's stored payload bytes (valid SQL for both backends)."""
 
 
+def needs_migration(path: str, version: int, *, readonly: bool) -> bool:
+    """Whether an archive at schema `version` must be migrated to `SCHEMA_VERSION` (both backends).
+
+    Raises:
+        ArchiveError: the archive is newer than this agentmem, or older and opened read-only.
+    """
+    newest = SCHEMA_VERSION
+    if version > newest:
+        raise ArchiveError(
+            f"{path}: schema version {version} is newer than this agentmem "
+            f"supports (version {newest}); upgrade agentmem to open it"
+        )
+    if version < newest and readonly:
+        raise ArchiveError(
+            f"{path}: schema version {version} needs migrating to version "
+            f"{newest}; open it once without readonly=True"
+        )
+    return version < newest
+
+
 def migrate(db: Database, path: str, version: int) -> None:
     """Take the file behind `db` from schema `version` to `SCHEMA_VERSION`.
 

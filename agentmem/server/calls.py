@@ -42,6 +42,7 @@ from agentmem.tools import (
     with_system_block,
 )
 from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
+from agentmem.tools.parse import CallGate
 
 __all__ = ["PoolCall", "Reply", "StreamHolder", "chat_call", "completion_call", "normalize_tool_choice", "read_reply"]
 
@@ -293,8 +294,8 @@ def read_reply(call: PoolCall, text: str) -> Reply:
     return _calls_reply(call, parsed)
 
 
-class StreamHolder:
-    """Which streamed text may be sent now.
+class StreamHolder(CallGate):
+    """Which streamed text may be sent now (`agentmem.tools.parse.CallGate`).
 
     Text replies stream as they come (a JSON reply starts with its forced prefix). A
     forced call is held to the end, where it goes out as `tool_calls`. In `auto` mode the
@@ -303,27 +304,14 @@ class StreamHolder:
     """
 
     def __init__(self, call: PoolCall) -> None:
-        self.fmt = call.fmt
-        self.held = ""
-        self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(call.mode)
+        super().__init__(call.fmt, call.mode)
         self.opening = call.prefix if call.mode == "json" else ""
 
     def push(self, piece: str) -> str:
         """Text to send for the generated `piece` (possibly `""`)."""
         if self.opening:
             piece, self.opening = self.opening + piece, ""
-        if self.decided == "text":
-            return piece
-        self.held += piece
-        if self.decided is None:
-            opens = self.fmt.opens_call(self.held)
-            if opens:
-                self.decided = "tool"
-            elif opens is False:
-                self.decided = "text"
-                out, self.held = self.held, ""
-                return out
-        return ""
+        return super().push(piece)
 
     def rest(self, reply: Reply) -> str:
         """Held text still to send once the reply is known."""

@@ -19,10 +19,14 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .formats import ToolFormat
 
 __all__ = [
     "TOOL_CALL_OPEN",
+    "CallGate",
     "ParsedCall",
     "find_tool_calls",
     "looks_like_tool_call",
@@ -217,3 +221,37 @@ def opens_tool_call(lead: str, *, lenient: bool = False) -> bool | None:
     if s.startswith(TOOL_CALL_OPEN):
         return True
     return None if TOOL_CALL_OPEN.startswith(s) else False
+
+
+class CallGate:
+    """Which streamed text of a reply may be shown now, for the integrations and the server.
+
+    Text replies stream as they come. A forced call (`mode="tools"`) is held to the end,
+    where it goes out as tool calls. In `auto` mode the start of a reply is held while it
+    could still be a call in the model's syntax (`ToolFormat.opens_call`); `held` is what
+    was held back, `decided` is `"text"`, `"tool"` or `None` (not yet known).
+
+    Args:
+        fmt: the model's tool-call syntax.
+        mode: `"text"`, `"json"`, `"tools"` (forced) or `"auto"`.
+    """
+
+    def __init__(self, fmt: ToolFormat, mode: str) -> None:
+        self.fmt = fmt
+        self.held = ""
+        self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(mode)
+
+    def push(self, piece: str) -> str:
+        """Text to show for the generated `piece` (possibly `""`)."""
+        if self.decided == "text":
+            return piece
+        self.held += piece
+        if self.decided is None:
+            opens = self.fmt.opens_call(self.held)
+            if opens:
+                self.decided = "tool"
+            elif opens is False:
+                self.decided = "text"
+                out, self.held = self.held, ""
+                return out
+        return ""

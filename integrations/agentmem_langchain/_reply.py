@@ -7,6 +7,8 @@ from typing import Any
 
 from langchain_core.messages import InvalidToolCall, ToolCall
 
+from agentmem.tools.parse import CallGate
+
 from ._plan import _Call
 from ._tools import find_tool_calls, parse_tool_calls
 
@@ -65,32 +67,17 @@ def _read(call: _Call, text: str) -> _Reply:
     return _Reply(tool_calls=calls, invalid_tool_calls=invalid)
 
 
-class _Holder:
-    """Decides, while streaming, which text may be shown now.
+class _Holder(CallGate):
+    """Decides, while streaming, which text may be shown now (`agentmem.tools.parse.CallGate`).
 
     Text replies stream as they come. A forced tool call is held to the end (it
-    arrives as tool-call chunks). In `auto` mode the start of a reply is held
-    while it could still be a tool call (in the model's syntax, `call.fmt`).
+    arrives as tool-call chunks). In `auto` mode the start of a reply is held while it
+    could still be a tool call (in the model's syntax, `call.fmt`).
     """
 
     def __init__(self, call: _Call) -> None:
+        super().__init__(call.fmt, call.mode)
         self.call = call
-        self.held = ""
-        self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(call.mode)
-
-    def push(self, piece: str) -> str:
-        if self.decided == "text":
-            return piece
-        self.held += piece
-        if self.decided is None:
-            opens = self.call.fmt.opens_call(self.held)
-            if opens:
-                self.decided = "tool"
-            elif opens is False:
-                self.decided = "text"
-                out, self.held = self.held, ""
-                return out
-        return ""
 
     def rest(self, reply: _Reply) -> str:
         """Held text still to show once the reply is known."""
