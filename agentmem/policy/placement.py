@@ -83,7 +83,10 @@ class PlacementPolicy(abc.ABC):
         return self.warm_codec if tier == "warm" else self.cold_codec
 
     def release_order(self, agents: list[AgentInfo]) -> list[AgentInfo]:
-        """Resident agents in the order they give up their live sequence (first = first out).
+        """Agents in the order they give up their place (first = first out).
+
+        The place is a live sequence (resident agents) or, one tier down, RAM (parked
+        states demoted to COLD or dropped under `warm_budget_bytes`).
 
         Held agents come last. Before them, by the workflow's hints: the furthest next
         use first (KVFlow's steps-to-execution; an agent not expected counts as

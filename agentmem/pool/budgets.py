@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from agentmem.errors import AgentMemError
+from agentmem.pool.hints import Hints
 from agentmem.pool.mover import Mover
 from agentmem.pool.state import PoolCore
 
@@ -19,11 +20,20 @@ logger = logging.getLogger(__name__)
 
 
 class Budgets:
-    """Keeps WARM and COLD within `warm_budget_bytes` / `cold_budget_bytes` (lock held)."""
+    """Keeps WARM and COLD within `warm_budget_bytes` / `cold_budget_bytes` (lock held).
 
-    def __init__(self, core: PoolCore, mover: Mover) -> None:
+    Args:
+        core: the pool's shared state.
+        mover: moves states between tiers.
+        hints: the workflow's hints: under an expected order the state demoted (or
+            dropped) first is the one whose next use is furthest away, held agents
+            last — the rule that gives up live sequences, applied one tier down.
+    """
+
+    def __init__(self, core: PoolCore, mover: Mover, hints: Hints | None = None) -> None:
         self.core = core
         self.mover = mover
+        self.hints = hints or Hints()
 
     def rebalance(self, *, urgent_only: bool = False) -> None:
         """Apply the byte budgets of WARM and COLD with hysteresis.
@@ -47,7 +57,7 @@ class Budgets:
                 continue
             t = core.tiers[tier]
             members = [core.agents[x] for x in t.agents() if x in core.agents and core.agents[x].tier == tier]
-            order = core.placement.demotion_order([core.info(x) for x in members if not x.busy])
+            order = core.placement.release_order([self.hints.info(core, x) for x in members if not x.busy])
             for info in order:
                 if self.tier_bytes(tier) <= (cfg.watermark_low * budget if urgent_only else low):
                     break

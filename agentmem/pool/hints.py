@@ -31,6 +31,7 @@ validates hints and ignores them (the no-hints side of a comparison).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -41,6 +42,7 @@ from agentmem.errors import ConfigError
 from agentmem.pool.results import ChatResult
 
 if TYPE_CHECKING:
+    from agentmem.policy.placement import AgentInfo
     from agentmem.pool.state import AgentState, PoolCore
     from agentmem.tools.formats import ToolFormat
 
@@ -129,6 +131,10 @@ class Hints:
             return float(self.order.index(agent_id) + 1)
         except ValueError:
             return math.inf
+
+    def info(self, core: PoolCore, a: AgentState) -> AgentInfo:
+        """`core.info(a)` with `a`'s steps-to-next-use and hold: what the placement policy ranks."""
+        return dataclasses.replace(core.info(a), steps=self.steps(a.id), held=self.held(a.id))
 
     def upcoming(self, n: int) -> list[str]:
         """The first `n` expected agents."""

@@ -133,7 +133,7 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
     hints = Hints()
     residency = Residency(core, park=park_victim, hints=hints)
     mover = Mover(core, residency, blocks, persist, swa)
-    budgets = Budgets(core, mover)
+    budgets = Budgets(core, mover, hints)
     sharing = Sharing(core, residency, mover, blocks, swa)
     decoder = Decoder(core, residency, Trimmer(core, blocks, sharing))
     turns = TurnRunner(core, mover=mover, sharing=sharing, blocks=blocks, decoder=decoder, swa=swa, after_call=after_call)

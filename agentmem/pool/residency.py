@@ -11,7 +11,6 @@ park an idle agent and try again.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Callable
@@ -56,7 +55,7 @@ class Residency:
         ]
         if not idle:
             return None
-        infos = [dataclasses.replace(core.info(x), steps=hints.steps(x.id), held=hints.held(x.id)) for x in idle]
+        infos = [hints.info(core, x) for x in idle]
         first = core.placement.release_order(infos)[0]
         if prefetch:
             mine = hints.steps(keep.id)

@@ -121,6 +121,27 @@ def test_expect_gives_up_the_sequence_of_the_agent_not_expected(tiny_model_path:
         assert (h["expected"], h["hits"], h["misses"], h["order"]) == (2, 1, 1, []), h
 
 
+@pytest.mark.parametrize("hinted", [False, True])
+def test_warm_budget_gives_up_the_state_expected_last(tiny_model_path: Path, hinted: bool) -> None:
+    # one live sequence, RAM for about two parked states, no archive: a state over the
+    # budget is dropped. Without hints the least recent (a) goes; told that a runs next,
+    # the pool drops the others' states instead (KVFlow's rule, one tier down)
+    with MemoryPool(tiny_model_path, resident_agents=1, prefetch=False, warm_budget_bytes=20_000, **OPTS) as pool:
+        pool.chat("a", conv("a", 0), max_tokens=2)
+        if hinted:
+            pool.expect(["a"], soon=False)
+        for x in "bcd":
+            pool.chat(x, conv(x, 0), max_tokens=2)
+        t = tiers(pool)
+        assert pool.stats()["totals"]["drops"] >= 1, t
+        if hinted:
+            assert t["a"] == "warm" and "empty" in (t["b"], t["c"]), t
+        else:
+            assert t["a"] == "empty", t
+        r = pool.chat("a", conv("a", 1), max_tokens=2)
+        assert r.kv == ("restored" if hinted else "prefilled")
+
+
 def test_a_held_agent_keeps_its_sequence_unless_every_candidate_is_held(tiny_model_path: Path) -> None:
     with MemoryPool(tiny_model_path, resident_agents=2, prefetch=False, **OPTS) as pool:
         pool.chat("a", conv("a", 0), max_tokens=2)
