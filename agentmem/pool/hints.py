@@ -5,9 +5,11 @@ speaker, a selector's candidates, a graph's next nodes, an agent whose reply was
 tool call and that runs again as soon as the tool returns. `Hints` keeps what it
 was told:
 
-* **expected order** (`expect`): a list, first = runs next; an agent's
-  *steps-to-next-use* is its position + 1, `math.inf` when it is not listed. A call
-  of a listed agent removes it from the list (the others move up). When a list
+* **expected order** (`expect`): a list, first = runs next; an item is an agent
+  id or a list of alternatives (a branch: a supervisor routes to one of its
+  workers). An agent's *steps-to-next-use* is its item's position + 1, `math.inf`
+  when it is not listed. A call of a listed agent removes it from the list (the
+  others move up); the alternatives it was chosen over move to the end. When a list
   exists, the sequence to give up is the one whose next use is furthest away
   (KVFlow's steps-to-execution rule, arXiv 2507.07400); without one, the learned
   predictor decides as before.
@@ -27,6 +29,10 @@ validates hints and ignores them (the no-hints side of a comparison).
 >>> h.arrive("b", resident=True, has_state=True)
 >>> h.steps("c"), h.stats()["hits"]
 (1.0, 1)
+>>> h.expect([["w1", "w2", "w3"], "boss"])   # a branch, then the supervisor
+>>> h.arrive("w2", resident=False, has_state=True)
+>>> h.stats()["order"], h.steps("boss"), h.steps("w1")
+(['boss', ['w1', 'w3']], 1.0, 2.0)
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ class Hints:
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.order: list[str] = []
+        self.groups: list[list[str]] = []  # the expected order: one list of alternatives per step
         self.holds: dict[str, float] = {}  # agent -> deadline (clock seconds)
         self.restore_s_per_token = _RESTORE_S_PER_TOKEN
         self.prefill_s_per_token = _PREFILL_S_PER_TOKEN
@@ -119,26 +125,49 @@ class Hints:
     @property
     def active(self) -> bool:
         """True while an expected order exists (the placement then uses steps-to-next-use)."""
-        return bool(self.order)
+        return bool(self.groups)
 
-    def expect(self, agent_ids: Sequence[str]) -> None:
-        """Replace the expected order (first = runs next; duplicates keep their first place)."""
-        self.order = list(dict.fromkeys(agent_ids))
+    @property
+    def order(self) -> list[str]:
+        """The expected agents, flattened (alternatives of one step in the order given)."""
+        return [x for g in self.groups for x in g]
+
+    def expect(self, items: Sequence[str | Sequence[str]]) -> None:
+        """Replace the expected order: each item an agent id or a list of alternatives (a branch).
+
+        Duplicates keep their first place; an empty branch is dropped.
+        """
+        seen: set[str] = set()
+        groups: list[list[str]] = []
+        for item in items:
+            g = [x for x in dict.fromkeys([item] if isinstance(item, str) else item) if x not in seen]
+            seen.update(g)
+            if g:
+                groups.append(g)
+        self.groups = groups
 
     def steps(self, agent_id: str) -> float:
-        """Calls until `agent_id` runs by the expected order (1 = next); `math.inf` if not listed."""
-        try:
-            return float(self.order.index(agent_id) + 1)
-        except ValueError:
-            return math.inf
+        """Calls until `agent_id` runs by the expected order (1 = next); `math.inf` if not listed.
+
+        Alternatives of one branch share their step.
+        """
+        for i, g in enumerate(self.groups):
+            if agent_id in g:
+                return float(i + 1)
+        return math.inf
 
     def info(self, core: PoolCore, a: AgentState) -> AgentInfo:
         """`core.info(a)` with `a`'s steps-to-next-use and hold: what the placement policy ranks."""
         return dataclasses.replace(core.info(a), steps=self.steps(a.id), held=self.held(a.id))
 
     def upcoming(self, n: int) -> list[str]:
-        """The first `n` expected agents."""
-        return self.order[:n]
+        """The first `n` expected agents that are certain: leading single agents, up to the first branch."""
+        out: list[str] = []
+        for g in self.groups:
+            if len(g) > 1 or len(out) >= n:
+                break
+            out.append(g[0])
+        return out
 
     # ------------------------------------------------------------------ holds
     def hold(self, agent_id: str, ttl_s: float) -> None:
@@ -181,11 +210,16 @@ class Hints:
         Only calls of agents that had something kept are counted (`has_state`): a
         first call cannot find anything resident, whatever the hints said.
         """
-        if agent_id in self.order:
+        at = next((i for i, g in enumerate(self.groups) if agent_id in g), None)
+        if at is not None:
             if has_state:
                 self.counters["expected"] += 1
                 self.counters["hits" if resident else "misses"] += 1
-            self.order.remove(agent_id)
+            # the branch is decided: its other alternatives may still run, but only after
+            # everything else that is expected
+            rest = [x for x in self.groups.pop(at) if x != agent_id]
+            if rest:
+                self.groups.append(rest)
         if self.holds.pop(agent_id, None) is not None and has_state:
             self.counters["hold_hits"] += resident
 
@@ -205,7 +239,7 @@ class Hints:
         return {
             **c,
             "hit_rate": c["hits"] / c["expected"] if c["expected"] else 0.0,
-            "order": list(self.order),
+            "order": [g[0] if len(g) == 1 else list(g) for g in self.groups],
             "held": sorted(a for a, d in self.holds.items() if d > now),
             "restore_ms_per_1k_tokens": 1e6 * self.restore_s_per_token,
         }
@@ -238,39 +272,54 @@ class HintMethods:
 
     _check_open: Callable[[], None]  # the facade's method
 
-    def expect(self, agent_ids: Sequence[str], *, soon: bool = True) -> None:
+    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True) -> None:
         """Tell the pool which agents run next, in order (first = next call).
 
         The list replaces the previous one. While it is not empty, the sequence given
-        up when another agent needs one is that of the agent whose next use is
-        furthest away (an agent not listed: furthest of all); each call of a listed
-        agent takes it off the list. With `soon`, the first listed agents that are
-        parked are restored in the background (as far as free sequences allow
-        without giving up one of an agent expected sooner).
+        up when another agent needs one — and the parked state demoted first under
+        `warm_budget_bytes` — is that of the agent whose next use is furthest away
+        (an agent not listed: furthest of all); each call of a listed agent takes it
+        off the list. An item may be a list of alternatives (a branch: a supervisor
+        routes to one of its workers); they share one step, and once one of them is
+        called the others move to the end. With `soon`, the first listed agents that
+        are parked are restored in the background (as far as free sequences allow
+        without giving up one of an agent expected sooner), up to the first branch:
+        a guess is not prefetched.
 
         Agent ids the pool does not know yet are accepted (an agent is created by
         its first call); they simply cannot be restored ahead.
 
         Args:
-            agent_ids: distinct agent ids, next first (at most `MAX_EXPECTED`).
+            agent_ids: distinct agent ids or lists of them, next first (at most
+                `MAX_EXPECTED` ids in all).
             soon: prefetch the first ones now.
 
         Raises:
             ConfigError: a malformed agent id, a non-list, too many ids, or a non-bool `soon`.
+
+        >>> pool.expect(["coder", ["researcher", "writer"], "supervisor"])  # doctest: +SKIP
         """
         self._check_open()
         if isinstance(agent_ids, (str, bytes)) or not isinstance(agent_ids, Sequence):
             raise ConfigError(f"agent_ids must be a list of agent ids, got {type(agent_ids).__name__}")
-        if len(agent_ids) > MAX_EXPECTED:
-            raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got {len(agent_ids)}")
-        ids = [check.agent_id(x, field="agent_ids[]") for x in agent_ids]
+        items: list[str | list[str]] = []
+        n = 0
+        for i, item in enumerate(agent_ids):
+            if isinstance(item, (str, bytes)) or not isinstance(item, Sequence):
+                items.append(check.agent_id(item, field=f"agent_ids[{i}]"))
+                n += 1
+            else:
+                items.append([check.agent_id(x, field=f"agent_ids[{i}][]") for x in item])
+                n += len(item)
+            if n > MAX_EXPECTED:
+                raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got more")
         if not isinstance(soon, bool):
             raise ConfigError(f"soon must be a bool, got {soon!r}")
         core = self._core
         if not core.config.hints:
             return
         with core.lock:
-            self._hints.expect(ids)
+            self._hints.expect(items)
             first = self._hints.upcoming(core.config.resident_agents)
         if soon:
             self._prefetcher.prefetch(first)

@@ -8,7 +8,8 @@ Without app code:
   `max_tool_iterations`); the hold ends at that call.
 * **speaker selection** — a client with `speaker_selection=True` (a
   `SelectorGroupChat`'s `model_client`) reads the candidates its selection prompt
-  lists and calls `MemoryPool.expect(candidates + [itself])` before it answers,
+  lists and calls `MemoryPool.expect([itself, candidates])` before it answers (the
+  candidates as one branch: they share a step and none is prefetched),
   then `expect([chosen, itself])` with its answer: the chosen agent is restored
   while AgentChat hands it the turn.
 
@@ -81,8 +82,8 @@ async def _tell(pool: MemoryPool, method: str, *args: Any, **kw: Any) -> None:
 
 
 async def selection_started(pool: MemoryPool, selector_id: str, candidates: Sequence[str]) -> None:
-    """Before a selection call: the candidates may run next, then the selector again."""
-    await _tell(pool, "expect", [*_ids_for(pool, candidates), selector_id], soon=True)
+    """Before a selection call: the selector runs, then one of the candidates (a branch: nothing guessed is prefetched)."""
+    await _tell(pool, "expect", [selector_id, _ids_for(pool, candidates)], soon=True)
 
 
 async def selection_done(pool: MemoryPool, selector_id: str, reply: str, candidates: Sequence[str]) -> None:

@@ -5,9 +5,10 @@
   reload cost); the pool ends the hold when the agent's next call starts.
 * **Graph edges** — after `model.follow(graph)`, a reply to node `n` tells the pool which
   agents run next (`MemoryPool.expect`, nearest first): the model-calling nodes reachable
-  from `n` along the compiled graph's edges, in breadth-first order (direct edges before
-  conditional ones at the same distance). Which nodes call a model is learned as they do,
-  so tool nodes and plain functions are stepped over.
+  from `n` along the compiled graph's edges, in breadth-first order, one item per hop —
+  the nodes of one hop are alternatives (a branch), `n` itself included when the edges
+  lead back to it. Which nodes call a model is learned as they do, so tool nodes and
+  plain functions are stepped over.
 
 Pools without the hints API (an older agentmem) are left alone; a hint never fails a call
 (errors are logged at DEBUG).
@@ -62,7 +63,7 @@ class GraphFollower:
     >>> f = GraphFollower({"__start__": ["boss"], "boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
     >>> f.saw("boss", "t/boss", auto=True); f.saw("b", "t/b", auto=True); f.saw("a", "t/a", auto=True)
     >>> f.next_nodes("a")
-    ['boss', 'b']
+    ['boss', 'a', 'b']
     """
 
     def __init__(self, graph: Any) -> None:
@@ -88,14 +89,14 @@ class GraphFollower:
         >>> f = GraphFollower({"boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
         >>> f.saw("boss", "t/boss", auto=True); f.saw("b", "t/b", auto=True); f.saw("a", "t/a", auto=True)
         >>> f.next_levels("boss")
-        [('a', 1), ('b', 1)]
+        [('a', 1), ('b', 1), ('boss', 2)]
         >>> f.next_levels("a")
-        [('boss', 1), ('b', 2)]
+        [('boss', 1), ('a', 2), ('b', 2)]
         """
         with self._lock:
             agents = dict(self._agents)
         out: list[tuple[str, int]] = []
-        seen = {node}
+        seen: set[str] = set()  # `node` itself is listed when the edges lead back to it
         queue = deque((n, 0) for n in self.successors.get(node, []))
         seen.update(n for n, _ in queue)
         while queue and len(out) < MAX_EXPECTED:
@@ -109,40 +110,47 @@ class GraphFollower:
                     queue.append((m, hops))
         return out
 
-    def expected(self, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str]) -> list[str]:
-        """Agent ids to expect after a call with run config `config` (empty outside this graph)."""
+    def expected(self, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str]) -> list[list[str]]:
+        """Agent ids to expect after a call with run config `config`, one list per hop (empty outside this graph).
+
+        The nodes of one hop are alternatives (a branch) for the pool: they share a step.
+        """
         meta = config.get("metadata") or {}
         node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
         if not isinstance(node, str) or node not in self.successors:
             return []
         with self._lock:
             agents = dict(self._agents)
-        ids: list[str] = []
-        for n in self.next_nodes(node):
+        levels: dict[int, list[str]] = {}
+        seen: set[str] = set()
+        for n, hops in self.next_levels(node):
             agent, auto = agents[n]
             if auto:  # the same rule, for this call's thread
                 try:
                     agent = resolve(with_node(config, n))
                 except AgentMemError:
                     continue
-            if agent not in ids:
-                ids.append(agent)
-        return ids
+            if agent not in seen:
+                seen.add(agent)
+                levels.setdefault(hops, []).append(agent)
+        return [levels[h] for h in sorted(levels)]
 
     def expect(self, pool: MemoryPool, agent_id: str, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str], *, auto: bool) -> None:
-        """Record the node of a finished call and tell `pool` which agents run after it."""
+        """Record the node of a finished call and tell `pool` which agents run after it.
+
+        Each hop is sent as one item: a single agent, or a branch of alternatives (a
+        supervisor routing to one of several workers). The pool prefetches only up to
+        the first branch: restoring a guess costs a sequence the right worker may need;
+        the order still ranks who to give up first.
+        """
         meta = config.get("metadata") or {}
         node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
         if not isinstance(node, str) or node not in self.successors or node_path(config) is None:
             return
         self.saw(node, agent_id, auto=auto)
-        ids = [a for a in self.expected(config, resolve) if a != agent_id]
-        if ids:
-            # Prefetch only when the next model call is certain: after a branch (a supervisor
-            # routing to one of several workers) restoring a guess costs a sequence the right
-            # worker may need; the order still ranks who to give up first.
-            first = [n for n, hops in self.next_levels(node) if hops == 1]
-            _hint(pool, "expect", ids, soon=len(first) == 1)
+        levels = self.expected(config, resolve)
+        if levels:
+            _hint(pool, "expect", [g[0] if len(g) == 1 else g for g in levels], soon=True)
 
 
 _followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()

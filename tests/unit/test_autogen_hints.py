@@ -91,9 +91,10 @@ async def test_selector_client_expects_its_candidates_then_its_answer_without_ap
         wanted = ids[name] if name in seen else name  # before its first call only the name is known
         assert expects[-1] == [wanted, "sel-selector"], (name, expects[-1])
         seen.add(name)
-    # before each selection: every candidate (the previous speaker is not one), then the selector
-    before = [order for kind, order in log if kind == "expect" and len(order) == len(NAMES)]
-    assert before and all(order[-1] == "sel-selector" for order in before)
+    # before each selection: the selector, then its candidates as one branch (the previous speaker is not one)
+    before = [order for kind, order in log if kind == "expect" and isinstance(order[-1], list)]
+    assert before and all(order[0] == "sel-selector" for order in before), before
+    assert len(before[0][1]) == len(NAMES) and all(len(order[1]) == len(NAMES) - 1 for order in before[1:]), before
     assert pool.stats()["hints"]["expected"] > 0
 
 

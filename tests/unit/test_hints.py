@@ -49,6 +49,17 @@ def test_order_steps_and_hits_move_on_with_each_call() -> None:
     assert not h.active and s["order"] == []
 
 
+def test_a_branch_shares_one_step_and_its_alternatives_move_back_once_decided() -> None:
+    h = Hints(clock=Clock())
+    h.expect([["w1", "w2", "w3"], "boss", ["w2", "x"], []])  # w2 keeps its first place; [] dropped
+    assert h.stats()["order"] == [["w1", "w2", "w3"], "boss", "x"]
+    assert [h.steps(x) for x in ("w1", "w3", "boss", "x")] == [1.0, 1.0, 2.0, 3.0]
+    assert h.upcoming(2) == [], "a branch first: nothing certain to prefetch"
+    h.arrive("w3", resident=True, has_state=True)
+    assert h.stats()["order"] == ["boss", "x", ["w1", "w2"]]
+    assert h.upcoming(2) == ["boss", "x"] and h.steps("w1") == 3.0
+
+
 def test_hold_lasts_until_its_deadline_or_the_next_call() -> None:
     clock = Clock()
     h = Hints(clock=clock)
@@ -119,6 +130,19 @@ def test_expect_gives_up_the_sequence_of_the_agent_not_expected(tiny_model_path:
         assert r.kv == "reused"
         h = pool.stats()["hints"]
         assert (h["expected"], h["hits"], h["misses"], h["order"]) == (2, 1, 1, []), h
+
+
+def test_after_a_branch_the_hub_keeps_its_sequence(tiny_model_path: Path) -> None:
+    # a supervisor routes to one of three workers, then runs again: with the branch
+    # hinted, the worker that ran last gives up its sequence, not the supervisor
+    with MemoryPool(tiny_model_path, resident_agents=2, prefetch=False, **OPTS) as pool:
+        for i, a in enumerate(["boss", "w1", "boss"]):
+            pool.chat(a, conv(a, i), max_tokens=2)
+        pool.expect([["w1", "w2", "w3"], "boss"], soon=False)
+        pool.chat("w2", conv("w2", 0), max_tokens=2)
+        assert tiers(pool) == {"boss": "hot", "w1": "warm", "w2": "hot"}
+        assert pool.stats()["hints"]["order"] == ["boss", ["w1", "w3"]]
+        assert pool.chat("boss", conv("boss", 3), max_tokens=2).kv == "reused"
 
 
 @pytest.mark.parametrize("hinted", [False, True])
@@ -221,6 +245,9 @@ def test_a_prefetch_never_displaces_an_agent_expected_sooner(tiny_model_path: Pa
         (lambda p: p.expect(["ok", "share:x"]), "agent_ids"),
         (lambda p: p.expect(["bad\x00id"]), "agent_ids"),
         (lambda p: p.expect(["x"] * (MAX_EXPECTED + 1)), "agent_ids"),
+        (lambda p: p.expect([["x"] * (MAX_EXPECTED + 1)]), "agent_ids"),
+        (lambda p: p.expect([["ok", 7]]), r"agent_ids\[0\]\[\]"),
+        (lambda p: p.expect(["ok", ["bad\x00id"]]), r"agent_ids\[1\]"),
         (lambda p: p.expect(["a"], soon="yes"), "soon"),
         (lambda p: p.hold("a", ttl_s=float("nan")), "ttl_s"),
         (lambda p: p.hold("a", ttl_s=float("inf")), "ttl_s"),

@@ -223,19 +223,19 @@ def test_following_a_graph_expects_the_next_nodes_agents(pool: MemoryPool, hints
     app.invoke({"messages": [HumanMessage("A poem.")], "turns": 0}, {"configurable": {"thread_id": "fol"}})
     expects = [c[1] for c in hints.calls if c[0] == "expect"]
     # round 1: the critic is not known to call a model until it does; after that,
-    # each node's reply expects the other node's agent (in this thread)
-    assert expects[-2:] == [["fol/critic"], ["fol/writer"]], expects
+    # each node's reply expects the other node's agent, then its own (in this thread)
+    assert expects[-2:] == [["fol/critic", "fol/writer"], ["fol/writer", "fol/critic"]], expects
     app.invoke({"messages": [HumanMessage("A song.")], "turns": 1}, {"configurable": {"thread_id": "fol2"}})
     expects = [c[1] for c in hints.calls if c[0] == "expect"]
-    assert expects[-2:] == [["fol2/critic"], ["fol2/writer"]], expects  # the same nodes, this thread's agents
+    assert expects[-2:] == [["fol2/critic", "fol2/writer"], ["fol2/writer", "fol2/critic"]], expects  # the same nodes, this thread's agents
 
 
 def test_next_nodes_step_over_nodes_that_never_call_a_model() -> None:
     f = _hints.GraphFollower({"__start__": ["boss"], "boss": ["a", "b"], "a": ["tools"], "tools": ["a", "boss"], "b": ["boss"]})
     for node in ("boss", "a", "b"):
         f.saw(node, f"t/{node}", auto=True)
-    assert f.next_nodes("a") == ["boss", "b"]
-    assert f.next_nodes("boss") == ["a", "b"]
+    assert f.next_nodes("a") == ["a", "boss", "b"]  # a tool loop leads back to a itself
+    assert f.next_levels("boss") == [("a", 1), ("b", 1), ("boss", 2)]
     assert f.next_nodes("nowhere") == []
 
 
@@ -253,10 +253,11 @@ def test_a_branch_expects_its_candidates_without_prefetching_a_guess() -> None:
         return f"t/{config['metadata']['langgraph_node']}"
 
     config = {"configurable": {"thread_id": "t"}, "metadata": {"langgraph_node": "boss", "checkpoint_ns": "boss:1"}}
-    f.expect(Pool(), "t/boss", config, resolve, auto=True)  # one of two workers runs next: rank, do not prefetch
+    f.expect(Pool(), "t/boss", config, resolve, auto=True)  # one of two workers, then the boss again
     config = {"configurable": {"thread_id": "t"}, "metadata": {"langgraph_node": "a", "checkpoint_ns": "a:1"}}
-    f.expect(Pool(), "t/a", config, resolve, auto=True)  # the boss runs next for certain: prefetch it
-    assert sent == [(["t/a", "t/b"], False), (["t/boss", "t/b"], True)], sent
+    f.expect(Pool(), "t/a", config, resolve, auto=True)  # the boss for certain, then a branch
+    # a branch is one item: the pool ranks its workers alike and prefetches only up to it
+    assert sent == [([["t/a", "t/b"], "t/boss"], True), (["t/boss", ["t/a", "t/b"]], True)], sent
 
 
 def test_follow_rejects_what_is_not_a_graph() -> None:
