@@ -1,0 +1,220 @@
+"""AutoGen round-robin team whose parked states do not all fit in RAM: where a known order beats recency.
+
+The four roles of `benchmarks/apps_autogen.py` (three with a tool) take turns as a
+`RoundRobinGroupChat` on the instruct model, on `--resident` (2) live sequences and a
+WARM budget (`--warm-mib`) that holds fewer parked states than the team has; without
+an archive a state over the budget is dropped and its agent re-prefills its whole
+history on its next turn (`--archive` demotes it to a SQLite COLD tier instead).
+
+In a cycle longer than what is kept, recency (LRU, the learned predictor's fallback)
+gives up exactly the agent that speaks next: every turn after the first round finds
+its agent dropped. `follow(team)` tells the pool the turn order (KVFlow's
+steps-to-next-use, arXiv 2507.07400): the state given up is the one used furthest
+ahead, and the next speaker is restored while AgentChat hands it the turn.
+
+Variants, in the order given (`--variants`, repeat one for an ABBA order):
+`hints` (`follow(team)` + the pool's own tool-call holds), `no-hints`
+(`PoolConfig(hints=False)`, no `follow`), `all-resident` (a live sequence for every
+agent, no RAM pressure: the bound), `peer` (autogen-ext's `LlamaCppChatCompletionClient`,
+one `Llama` for the team).
+
+Reported per variant: wall time per task, prefilled and decoded tokens, p50/p99 TTFT,
+how each call found its KV (`reused`, `restored`, `prefilled`, ...), hint hit rate,
+drops/demotions; and the ratios the issue asks for (wall hints/no-hints, p99
+hints/all-resident). Record the load: compare only inside one run.
+
+Run: `python benchmarks/apps_roundrobin.py --threads 2 --tasks 2 --rounds 3`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import load, md_table, table  # noqa: E402
+from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, make_tools  # noqa: E402
+
+logger = logging.getLogger("apps_roundrobin")
+
+VARIANTS = ("hints", "no-hints", "all-resident", "peer")
+
+
+def build_team(clients: dict[str, Any], tools: dict[str, list[Any]], turns: int) -> Any:
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.conditions import MaxMessageTermination
+    from autogen_agentchat.teams import RoundRobinGroupChat
+
+    agents = [
+        AssistantAgent(name, model_client=clients[name], description=desc, system_message=f"{TEAM}\n{role}",
+                       tools=tools[name], reflect_on_tool_use=bool(tools[name]))
+        for name, (desc, role) in ROLES.items()
+    ]
+    return RoundRobinGroupChat(agents, termination_condition=MaxMessageTermination(1 + turns))
+
+
+async def run_tasks(team: Any, run: Run, tasks: Sequence[str]) -> None:
+    from autogen_agentchat.messages import ToolCallRequestEvent
+
+    for task in tasks:
+        t0 = time.perf_counter()
+        result = await team.run(task=task)
+        run.task_wall_s.append(time.perf_counter() - t0)
+        run.tool_calls += sum(isinstance(m, ToolCallRequestEvent) for m in result.messages)
+        logger.info("%s: %r in %.1f s", run.variant, task, run.task_wall_s[-1])
+
+
+async def run_agentmem(variant: str, args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
+    from agentmem import MemoryPool
+    from agentmem_autogen import AgentMemChatCompletionClient, follow
+
+    all_resident = variant == "all-resident"
+    run = Run(variant)
+    with tempfile.TemporaryDirectory() as tmp:
+        opts: dict[str, Any] = {}
+        if not all_resident:
+            opts["warm_budget_bytes"] = int(args.warm_mib * 2**20)
+            if args.archive:
+                opts["archive_path"] = os.path.join(tmp, "cold.db")
+        with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=len(ROLES) if all_resident else args.resident,
+                        n_threads=args.threads, hints=variant != "no-hints", **opts) as pool:
+
+            def on_result(agent_id: str, r: Any) -> None:
+                run.calls += 1
+                run.ttft_s.append(r.timings.ttft_s)
+                run.decoded += r.usage.completion_tokens
+                run.restore_s += r.timings.restore_s
+                run.kv[r.kv] = run.kv.get(r.kv, 0) + 1
+
+            clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}
+            for c in clients.values():
+                c.on_result = on_result
+            team = build_team(clients, make_tools(args.tool_ms / 1e3), args.turns)
+            if variant == "hints":
+                follow(team)
+            await run_tasks(team, run, TASKS[: args.tasks])
+            s = pool.stats()
+            run.prefilled = s["totals"]["prefill_tokens"]
+            run.hints = s["hints"]
+            extra = {k: s["totals"].get(k, 0) for k in ("drops", "demotions", "restores", "prefetches")}
+            extra["state_mib"] = round(max((a.get("bytes") or 0 for a in s["agents"].values()), default=0) / 2**20, 1)
+    return run, extra
+
+
+async def run_peer(args: argparse.Namespace) -> Run:
+    import llama_cpp
+    from autogen_ext.models.llama_cpp import LlamaCppChatCompletionClient
+
+    from agentmem import resolve_model_path
+
+    run = Run("peer")
+
+    class Timed(LlamaCppChatCompletionClient):
+        """The peer client with fixed sampling and llama.cpp's own counters."""
+
+        async def create(self, messages: Any, **kw: Any) -> Any:  # type: ignore[override]
+            kw["extra_create_args"] = {"max_tokens": args.max_tokens, "temperature": 0.0,
+                                       **dict(kw.get("extra_create_args") or {})}
+            ctx = self.llm._ctx.ctx
+            before = llama_cpp.llama_perf_context(ctx)
+            t0 = time.perf_counter()
+            result = await super().create(messages, **kw)
+            wall = time.perf_counter() - t0
+            after = llama_cpp.llama_perf_context(ctx)
+            run.calls += 1
+            run.prefilled += after.n_p_eval - before.n_p_eval
+            run.decoded += after.n_eval - before.n_eval
+            run.ttft_s.append(max(0.0, wall - (after.t_eval_ms - before.t_eval_ms) / 1e3))
+            return result
+
+    base = Timed(model_path=str(resolve_model_path(MODEL)), n_ctx=args.n_ctx, n_batch=512, n_threads=args.threads,
+                 n_threads_batch=args.threads, flash_attn=True, verbose=False)
+    try:
+        await run_tasks(build_team({n: base for n in ROLES}, make_tools(args.tool_ms / 1e3), args.turns), run,
+                        TASKS[: args.tasks])
+    finally:
+        await base.close()
+    return run
+
+
+def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    heads = ["variant", "calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
+             "KV found", "hint hit rate", "drops", "load after"]
+    body = [[r["variant"], r["calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])), r["prefilled_tokens"],
+             r["decoded_tokens"], r["ttft_p50_ms"], r["ttft_p99_ms"],
+             " ".join(f"{k} {v}" for k, v in sorted(r["kv"].items())) or "-",
+             "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}", r.get("drops", "-"), r["load_after"]]
+            for r in rows]
+    out = [f"load {meta['load_start']} -> {meta['load_end']} · threads {meta['threads']} · {meta['resident']} live "
+           f"sequences for {len(ROLES)} agents · WARM {meta['warm_mib']} MiB · archive {meta['archive']}", "",
+           table(heads, body), "", md_table(heads, body), ""]
+
+    def mean(variant: str, key: str) -> float | None:
+        xs = [r[key] for r in rows if r["variant"] == variant and r[key] is not None]
+        return statistics.fmean(xs) if xs else None
+
+    for a, b, key in [("hints", "no-hints", "wall_s"), ("hints", "all-resident", "ttft_p99_ms"),
+                      ("hints", "no-hints", "ttft_p99_ms"), ("hints", "no-hints", "prefilled_tokens"),
+                      ("hints", "peer", "wall_s")]:
+        x, y = mean(a, key), mean(b, key)
+        if x is not None and y:
+            out.append(f"{key} {a}/{b} = {x / y:.2f} (means over the runs of each)")
+    return "\n".join(out)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=["hints", "no-hints", "all-resident", "no-hints", "hints"],
+                    help="run in this order (a repeated variant is run again: ABBA)")
+    ap.add_argument("--tasks", type=int, default=2, help=f"tasks, one after the other (<= {len(TASKS)})")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of every agent per task")
+    ap.add_argument("--resident", type=int, default=2, help="live sequences (fewer than the 4 agents)")
+    ap.add_argument("--warm-mib", type=float, default=8.0, help="RAM for parked states (fewer than the team's)")
+    ap.add_argument("--archive", action="store_true", help="demote to a SQLite COLD tier instead of dropping")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--json", help="write the rows and metadata here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.tasks <= len(TASKS):
+        ap.error(f"--tasks must be in 1..{len(TASKS)}")
+    args.turns = args.rounds * len(ROLES)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Run the variants in order; print the table and the ratios; return the rows."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logger.setLevel(logging.INFO)
+    args = parse_args(argv)
+    meta: dict[str, Any] = {"load_start": load(), "threads": args.threads, "resident": args.resident, "model": MODEL,
+                            "warm_mib": args.warm_mib, "archive": "sqlite" if args.archive else "none (drop)",
+                            "tasks": args.tasks, "rounds": args.rounds, "tool_ms": args.tool_ms,
+                            "max_tokens": args.max_tokens}
+    rows = []
+    for v in args.variants:
+        if v == "peer":
+            run, extra = asyncio.run(run_peer(args)), {}
+        else:
+            run, extra = asyncio.run(run_agentmem(v, args))
+        rows.append({**run.row(), **extra, "load_after": load()})
+        logger.info("%s", rows[-1])
+    meta["load_end"] = load()
+    logger.info("\n%s", report(rows, meta))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
