@@ -11,6 +11,9 @@
 | `POST /agents/{id}?action=priority` | `{"priority": "foreground"}` or an int weight |
 | `POST /agents/{id}?action=handoff` | `{"to": "other", "upto": 512}`: start `other` as this agent's context |
 | `POST /agents/{id}?action=recall` | `{"query": "...", "k": 5}`: search its evicted text |
+| `POST /agents/{id}?action=hold` | `{"ttl_s": 30}` (or `null`: from its reload cost): keep it resident, e.g. while its tool runs |
+| `POST /agents/{id}?action=unhold` | end the hold |
+| `POST /agents?action=expect` | `{"order": ["coder", ["researcher", "writer"]], "soon": true}`: who runs next (`MemoryPool.expect`) |
 | `POST /agents?action=checkpoint` | write every agent to the archive (admin keys) |
 
 Agent ids may contain `/` (`tenant-a/planner`). A scoped key sees and touches only ids
@@ -31,7 +34,9 @@ from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError
 from agentmem.server.schemas import (
     BudgetRequest,
+    ExpectRequest,
     HandoffRequest,
+    HoldRequest,
     ParkRequest,
     PinRequest,
     PriorityRequest,
@@ -42,7 +47,7 @@ __all__ = ["AGENT_ACTIONS", "router"]
 
 router = APIRouter(prefix="/agents")
 
-AGENT_ACTIONS = ("park", "pin", "budget", "priority", "handoff", "recall")
+AGENT_ACTIONS = ("park", "pin", "budget", "priority", "handoff", "recall", "hold", "unhold")
 """What `POST /agents/{id}?action=...` can do."""
 
 M = TypeVar("M", bound=BaseModel)
@@ -65,11 +70,16 @@ async def list_agents(who: Principal = Depends(principal), eng: Engine = Depends
 
 
 @router.post("")
-async def pool_action(action: str = Query(...), who: Principal = Depends(principal),
+async def pool_action(request: Request, action: str = Query(...), who: Principal = Depends(principal),
                       eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """`?action=checkpoint`: write every agent to the archive (admin keys only)."""
+    """`?action=checkpoint`: write every agent to the archive (admin keys only); `?action=expect`: who runs next."""
+    if action == "expect":
+        exp = await _body(request, ExpectRequest)
+        await eng.expect(who, exp.order, exp.soon)
+        return {"ok": True, "order": exp.order}
     if action != "checkpoint":
-        raise ApiError(400, f"action must be 'checkpoint', got {action!r}", code="invalid_request", param="action")
+        raise ApiError(400, f"action must be 'checkpoint' or 'expect', got {action!r}", code="invalid_request",
+                       param="action")
     await eng.checkpoint(who)
     return {"ok": True}
 
@@ -111,5 +121,12 @@ async def agent_action(agent_id: str, request: Request, action: str = Query(...)
     if action == "recall":
         rec = await _body(request, RecallRequest)
         return {"object": "list", "data": await eng.recall(who, agent_id, rec.query, rec.k)}
+    if action == "hold":
+        hold = await _body(request, HoldRequest)
+        await eng.hold(who, agent_id, hold.ttl_s)
+        return {"id": agent_id, "held": True, "ttl_s": hold.ttl_s}
+    if action == "unhold":
+        await eng.unhold(who, agent_id)
+        return {"id": agent_id, "held": False}
     raise ApiError(400, f"action must be one of {', '.join(AGENT_ACTIONS)}, got {action!r}", code="invalid_request",
                    param="action")

@@ -322,6 +322,21 @@ class Engine:
         authorize(principal, agent_id)
         await self._do(self._pool().set_priority, agent_id, priority)
 
+    async def hold(self, principal: Principal, agent_id: str, ttl_s: float | None) -> None:
+        authorize(principal, agent_id)
+        await self._do(functools.partial(self._pool().hold, agent_id, ttl_s=ttl_s))
+
+    async def unhold(self, principal: Principal, agent_id: str) -> None:
+        authorize(principal, agent_id)
+        await self._do(self._pool().unhold, agent_id)
+
+    async def expect(self, principal: Principal, order: list[str | list[str]], soon: bool) -> None:
+        """The workflow's expected order (every id must be in the key's scope)."""
+        for i, item in enumerate(order):
+            for x in [item] if isinstance(item, str) else item:
+                authorize(principal, check.agent_id(x, field=f"order[{i}]"), field=f"order[{i}]")
+        await self._do(functools.partial(self._pool().expect, order, soon=soon))
+
     async def handoff(self, principal: Principal, src: str, dst: str, upto: int | None) -> dict[str, Any]:
         authorize(principal, src)
         authorize(principal, dst, field="to")

@@ -178,6 +178,19 @@ class PriorityRequest(_Body):
     priority: int | str
 
 
+class HoldRequest(_Body):
+    """`POST /agents/{id}?action=hold`: keep it in its live sequence for `ttl_s` seconds (null: from its reload cost)."""
+
+    ttl_s: float | None = None
+
+
+class ExpectRequest(_Body):
+    """`POST /agents?action=expect`: these agents run next, in order; an item may be a list of alternatives."""
+
+    order: list[str | list[str]]
+    soon: bool = True
+
+
 class HandoffRequest(_Body):
     """`POST /agents/{id}?action=handoff`: start agent `to` as this agent's first `upto` tokens."""
 

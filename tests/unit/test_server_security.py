@@ -103,9 +103,9 @@ def test_tenants_cannot_call_read_list_or_forget_each_other(http: httpx.Client) 
     assert own.status_code == 200 and own.json()["tokens"] > 0 and "data" not in own.json()
     forbidden_existing = http.get("/agents/tenant-b/planner", headers=auth(KEY_A))
     assert forbidden_existing.status_code == 403
-    for action in ("park", "pin", "budget", "priority", "recall"):
+    for action in ("park", "pin", "budget", "priority", "recall", "hold", "unhold"):
         body = {"park": {}, "pin": {"message_index": 0}, "budget": {"tokens": 100}, "priority": {"priority": 2},
-                "recall": {"query": "x"}}[action]
+                "recall": {"query": "x"}, "hold": {}, "unhold": {}}[action]
         r = http.post("/agents/tenant-b/planner", params={"action": action}, json=body, headers=auth(KEY_A))
         assert r.status_code == 403, (action, r.text)
     r = http.post("/agents/tenant-a/planner", params={"action": "handoff"}, json={"to": "tenant-b/stolen"},
@@ -160,6 +160,32 @@ def test_agents_api_actions_in_scope(http: httpx.Client) -> None:
     r = http.post("/agents/tenant-a/ops", params={"action": "pin"}, json={"message_index": "x"}, headers=h)
     assert r.status_code == 400
     assert http.delete("/agents/tenant-a/ops", headers=h).status_code == 200
+
+
+def test_workflow_hints_over_http(http: httpx.Client, server: Any) -> None:
+    h = auth(KEY_A)
+    assert chat(http, KEY_A, "tenant-a/boss", max_tokens=2).status_code == 200
+    r = http.post("/agents/tenant-a/boss", params={"action": "hold"}, json={"ttl_s": 30}, headers=h)
+    assert r.status_code == 200 and r.json() == {"id": "tenant-a/boss", "held": True, "ttl_s": 30}
+    assert "tenant-a/boss" in server.pool.stats()["hints"]["held"]
+    r = http.post("/agents/tenant-a/boss", params={"action": "hold"}, json={"ttl_s": -1}, headers=h)
+    assert r.status_code == 400 and "ttl_s" in r.json()["error"]["message"]
+    assert http.post("/agents/tenant-a/boss", params={"action": "unhold"}, headers=h).status_code == 200
+    assert "tenant-a/boss" not in server.pool.stats()["hints"]["held"]
+    assert http.post("/agents/tenant-a/nobody", params={"action": "hold"}, json={}, headers=h).status_code == 404
+
+    order = ["tenant-a/w1", ["tenant-a/w2", "tenant-a/w3"], "tenant-a/boss"]
+    r = http.post("/agents", params={"action": "expect"}, json={"order": order, "soon": False}, headers=h)
+    assert r.status_code == 200 and server.pool.stats()["hints"]["order"] == order
+    # every listed id must be in the key's scope; the order is left as it was
+    r = http.post("/agents", params={"action": "expect"}, json={"order": ["tenant-a/w1", ["tenant-b/x"]]}, headers=h)
+    assert r.status_code == 403 and r.json()["error"]["param"] == "order[1]"
+    assert server.pool.stats()["hints"]["order"] == order
+    r = http.post("/agents", params={"action": "expect"}, json={"order": "tenant-a/w1"}, headers=h)
+    assert r.status_code == 400
+    r = http.post("/agents", params={"action": "expect"}, json={"order": ["tenant-a/bad\u0000id"]}, headers=h)
+    assert r.status_code == 400 and "order[0]" in r.json()["error"]["message"], r.text
+    http.post("/agents", params={"action": "expect"}, json={"order": []}, headers=auth(ADMIN))
 
 
 def test_anonymous_agent_per_key(http: httpx.Client) -> None:
