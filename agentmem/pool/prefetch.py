@@ -3,7 +3,8 @@
 `Prefetcher` runs a background worker fed from a queue: after every call it
 rebalances the tiers (so demotion I/O is off the reply's path) and restores the
 agent expected next — the first of the workflow's hints (`MemoryPool.expect`)
-when there are any, else the transition predictor's guess — if a sequence can
+when there are any (at a branch, the predictor's guess among its alternatives),
+else the transition predictor's guess — if a sequence can
 be had without making a waiting call wait longer. `prefetch` queues restores
 asked for directly (`expect(soon=True)`, `hold` of a parked agent). Without the worker (one resident agent, or
 `prefetch=False`), rebalancing runs inline after the call.
@@ -73,10 +74,26 @@ class Prefetcher:
                     self._rebalance()
             return
         self.queue.put(_REBALANCE)
-        upcoming = self.hints.upcoming(1) if self.hints is not None else []  # a list copy: no lock needed
-        nxt = upcoming[0] if upcoming else core.predictor.predict(agent_id)
+        nxt = self.next_agent(agent_id)
         if nxt is not None and nxt != agent_id:
             self.queue.put(nxt)
+
+    def next_agent(self, agent_id: str) -> str | None:
+        """The agent to restore after a call of `agent_id`, or None.
+
+        Under hints: the first expected agent when it is certain; when a branch comes
+        first, the predictor's guess only if it is one of the branch's alternatives
+        (the graph names the candidates, the learned transitions pick one). Without
+        hints: the predictor's guess.
+        """
+        hints = self.hints
+        if hints is None or not hints.active:  # reads of the hints' lists: no lock needed
+            return self.core.predictor.predict(agent_id)
+        upcoming = hints.upcoming(1)
+        if upcoming:
+            return upcoming[0]
+        guess = self.core.predictor.predict(agent_id)
+        return guess if guess is not None and hints.steps(guess) == 1.0 else None
 
     def prefetch(self, agent_ids: Sequence[str]) -> None:
         """Queue restores of `agent_ids`, in order (no-op without the worker)."""

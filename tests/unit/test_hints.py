@@ -60,6 +60,30 @@ def test_a_branch_shares_one_step_and_its_alternatives_move_back_once_decided() 
     assert h.upcoming(2) == ["boss", "x"] and h.steps("w1") == 3.0
 
 
+def test_after_a_call_the_prefetch_guesses_only_within_a_branch() -> None:
+    from types import SimpleNamespace
+
+    from agentmem.memory.prefetch import TransitionPredictor
+    from agentmem.pool.prefetch import Prefetcher
+
+    pred = TransitionPredictor()
+    for _ in range(3):
+        for a in ("boss", "w2", "boss", "w9"):
+            pred.observe(a)
+    for _ in range(3):  # boss -> w2 becomes the majority
+        pred.observe("boss"), pred.observe("w2")
+    assert pred.predict("boss") == "w2"
+    h = Hints(clock=Clock())
+    p = Prefetcher(SimpleNamespace(predictor=pred), rebalance=lambda: None, restore=lambda a: False, enabled=False, hints=h)
+    assert p.next_agent("boss") == "w2", "no hints: the predictor's guess"
+    h.expect([["w1", "w2"], "boss"])
+    assert p.next_agent("boss") == "w2", "a branch: the guess is one of its alternatives"
+    h.expect([["w1", "w3"], "boss"])
+    assert p.next_agent("boss") is None, "a branch that rules the guess out: nothing"
+    h.expect(["w3", "boss"])
+    assert p.next_agent("boss") == "w3", "certain: the expected agent, whatever the guess"
+
+
 def test_hold_lasts_until_its_deadline_or_the_next_call() -> None:
     clock = Clock()
     h = Hints(clock=clock)
