@@ -147,11 +147,12 @@ async def run_peer(args: argparse.Namespace) -> Run:
 
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     heads = ["variant", "calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
-             "KV found", "hint hit rate", "drops", "load after"]
+             "KV found", "hint hit rate", "drops", "demotions", "prefetches", "largest state MiB", "load after"]
     body = [[r["variant"], r["calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])), r["prefilled_tokens"],
              r["decoded_tokens"], r["ttft_p50_ms"], r["ttft_p99_ms"],
              " ".join(f"{k} {v}" for k, v in sorted(r["kv"].items())) or "-",
-             "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}", r.get("drops", "-"), r["load_after"]]
+             "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}", r.get("drops", "-"),
+             r.get("demotions", "-"), r.get("prefetches", "-"), r.get("state_mib", "-"), r["load_after"]]
             for r in rows]
     out = [f"load {meta['load_start']} -> {meta['load_end']} · threads {meta['threads']} · {meta['resident']} live "
            f"sequences for {len(ROLES)} agents · WARM {meta['warm_mib']} MiB · archive {meta['archive']}", "",

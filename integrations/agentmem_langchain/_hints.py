@@ -95,20 +95,31 @@ class GraphFollower:
         """
         with self._lock:
             agents = dict(self._agents)
-        out: list[tuple[str, int]] = []
-        seen: set[str] = set()  # `node` itself is listed when the edges lead back to it
-        queue = deque((n, 0) for n in self.successors.get(node, []))
-        seen.update(n for n, _ in queue)
-        while queue and len(out) < MAX_EXPECTED:
-            n, before = queue.popleft()
-            hops = before + 1 if n in agents else before
-            if n in agents:
-                out.append((n, hops))
+        # 0-1 breadth-first search: entering a model-calling node costs a hop, any other node nothing
+        dist: dict[str, int] = {}
+        order: dict[str, int] = {}  # first discovery, for a stable order within a hop
+        queue: deque[tuple[str, int]] = deque()
+
+        def reach(n: str, before: int) -> None:
+            d = before + (n in agents)
+            if d < dist.get(n, d + 1):
+                dist[n] = d
+                order.setdefault(n, len(order))
+                if n in agents:
+                    queue.append((n, d))
+                else:
+                    queue.appendleft((n, d))
+
+        for n in self.successors.get(node, []):
+            reach(n, 0)
+        while queue:
+            n, d = queue.popleft()
+            if d > dist[n]:
+                continue  # reached again with fewer hops
             for m in self.successors.get(n, []):
-                if m not in seen:
-                    seen.add(m)
-                    queue.append((m, hops))
-        return out
+                reach(m, d)
+        found = sorted((n for n in dist if n in agents), key=lambda n: (dist[n], order[n]))
+        return [(n, dist[n]) for n in found[:MAX_EXPECTED]]
 
     def expected(self, config: Mapping[str, Any], resolve: Callable[[Mapping[str, Any]], str]) -> list[list[str]]:
         """Agent ids to expect after a call with run config `config`, one list per hop (empty outside this graph).

@@ -239,6 +239,18 @@ def test_next_nodes_step_over_nodes_that_never_call_a_model() -> None:
     assert f.next_nodes("nowhere") == []
 
 
+def test_hops_count_model_calls_whichever_path_is_found_first() -> None:
+    # the team of examples/langgraph_team.py: after the researcher, its own tool loop and
+    # the supervisor are both one model call away, though the supervisor's edge comes first
+    f = _hints.GraphFollower({"supervisor": ["coder", "researcher", "writer"], "researcher": ["supervisor", "tools"],
+                              "tools": ["researcher"], "coder": ["supervisor"], "writer": ["supervisor"]})
+    for node in ("supervisor", "researcher", "coder", "writer"):
+        f.saw(node, node, auto=False)
+    assert f.next_levels("researcher") == [("supervisor", 1), ("researcher", 1), ("coder", 2), ("writer", 2)]
+    assert f.expected({"metadata": {"langgraph_node": "researcher"}}, lambda c: "x") == [
+        ["supervisor", "researcher"], ["coder", "writer"]]
+
+
 def test_a_branch_expects_its_candidates_without_prefetching_a_guess() -> None:
     f = _hints.GraphFollower({"__start__": ["boss"], "boss": ["a", "b"], "a": ["tools"], "tools": ["boss"], "b": ["boss"]})
     for node in ("boss", "a", "b"):
