@@ -150,6 +150,7 @@ class CallCanon:
             nxt = self.decoder.prefill(a, toks, None, sampler, t)
         assert nxt is not None
         core.totals["canonical_calls"] += 1
+        core.totals["canonical_tokens"] += len(toks)
         logger.debug("agent %r: free call rewritten with its opening %r (%d tokens)", a.id, opening, len(toks))
         return toks, nxt
 
@@ -188,5 +189,6 @@ class CallCanon:
             self.decoder.prefill(a, want[p:], None, None, t)
         completion[p:] = want[p:]
         core.totals["closed_calls"] += 1
+        core.totals["canonical_tokens"] += len(want) - p
         logger.debug("agent %r: call completed to the template's text (%d tokens redone)", a.id, len(want) - p)
         return asm.push(rest.encode("utf-8"))
