@@ -25,7 +25,7 @@ renders it, and the integrations need no write-back call.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
 from agentmem.pool.decoder import Decoder
@@ -67,7 +67,7 @@ class CallCanon:
     def lead(
         self, a: AgentState, tok: int, sampler: Sampler, params: SamplingParams, asm: TextAssembler,
         completion: list[int], watch: BareCallWatch, t: Timings,
-    ) -> Iterator[str]:
+    ) -> Generator[str, None, Lead]:
         """Generate until `watch` decides; yields text pieces, returns a `Lead`.
 
         On `(tok, None)` the caller's loop goes on with `tok` (sampled, not yet decoded or

@@ -46,3 +46,28 @@ def test_the_call_after_a_free_tool_call_reuses_the_whole_call(instruct_model_pa
         # every token of the first call (prompt + reply) is reused; only the tool turn is new
         assert r2.usage.cached_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens, (r1.usage, r2.usage)
         assert pool.stats()["totals"]["canonical_calls"] == 1
+
+
+def test_a_streamed_free_call_through_langchain_is_a_tool_call_only(instruct_model_path: Path) -> None:
+    """Before: the bare object streamed out as content chunks, then the call was redone under the grammar."""
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_core.tools import tool
+
+    from agentmem_langchain import ChatAgentMem
+
+    @tool
+    def lookup_metric(metric: str) -> str:
+        """Look up the current value of a named service metric."""
+        return "412"
+
+    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=2) as pool:
+        model = ChatAgentMem(pool=pool, agent_id="s", max_tokens=48).bind_tools([lookup_metric])
+        chunks = list(model.stream([SystemMessage(MSGS[0]["content"]), HumanMessage(MSGS[1]["content"])]))
+        full = chunks[0]
+        for c in chunks[1:]:
+            full = full + c
+        assert not [c.content for c in chunks if c.content], "no call text leaks out as content"
+        assert [c["name"] for c in full.tool_calls] == ["lookup_metric"], full
+        assert not full.response_metadata.get("retried_with_grammar"), full.response_metadata
+        assert pool.stats()["totals"]["calls"] == 1  # no redo, no write-back call
