@@ -25,6 +25,7 @@ renders it, and the integrations need no write-back call.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
@@ -53,12 +54,23 @@ class CallCanon:
         self.swa = swa
         self._openings: dict[str, tuple[int, ...]] = {}
 
-    def _opening_tokens(self, opening: str) -> tuple[int, ...]:
-        """The tokens of a format's opening (agentmem's own markup, so its markers may be control tokens)."""
-        toks = self._openings.get(opening)
+    def _opening_tokens(self, watch: BareCallWatch) -> tuple[int, ...]:
+        """The tokens of a format's opening, as the template renders it (cached)."""
+        toks = self._openings.get(watch.opening)
         if toks is None:
-            toks = self._openings[opening] = tuple(self.core.model.tokenize(opening, parse_special=True))
+            toks = self._openings[watch.opening] = tuple(self._call_tokens(watch.opening, watch.markers))
         return toks
+
+    def _call_tokens(self, text: str, markers: Sequence[str]) -> list[int]:
+        """Tokens of a call's text as a template renders it: the format's markers as markup
+        (control tokens where the vocabulary has them), the rest as text (never control tokens)."""
+        pieces: list[tuple[str, bool]] = []
+        pos = 0
+        for m in re.finditer("|".join(re.escape(x) for x in sorted(markers, key=len, reverse=True)) or "(?!)", text):
+            pieces += [(text[pos:m.start()], False), (m.group(), True)]
+            pos = m.end()
+        pieces.append((text[pos:], False))
+        return self.core.model.tokenize_pieces([p for p in pieces if p[0]])
 
     def _room(self, a: AgentState, n: int) -> bool:
         """Whether `a` may decode `n` more tokens without reaching its capacity (no budget to trim to)."""
@@ -88,7 +100,7 @@ class CallCanon:
                 tok = self.decoder.step(a, tok, sampler, t)
                 continue
             if verdict:
-                rewritten = self._rewrite(a, n0, held, raw, watch.opening, sampler, params, t)
+                rewritten = self._rewrite(a, n0, held, raw, watch, sampler, params, t)
                 if rewritten is not None:
                     toks, nxt = rewritten
                     completion.extend(toks)
@@ -125,16 +137,17 @@ class CallCanon:
         return rest
 
     def _rewrite(
-        self, a: AgentState, n0: int, held: Sequence[int], raw: bytes, opening: str,
+        self, a: AgentState, n0: int, held: Sequence[int], raw: bytes, watch: BareCallWatch,
         sampler: Sampler, params: SamplingParams, t: Timings,
     ) -> tuple[list[int], int] | None:
-        """Cut the held tokens from `a`'s KV, decode `opening` + them; `(tokens, next token)`, or None.
+        """Cut the held tokens from `a`'s KV, decode the opening + them; `(tokens, next token)`, or None.
 
         None leaves everything as it was: the opening would not fit `max_tokens` or the
         capacity, a stop string would match in it, or a sliding window cannot be cut back.
         """
         core = self.core
-        toks = [*self._opening_tokens(opening), *self._tail(held, raw)]
+        opening = watch.opening
+        toks = [*self._opening_tokens(watch), *self._tail(held, raw)]
         text = opening + raw.decode("utf-8", "replace").lstrip()
         if len(toks) >= params.max_tokens or any(s in text for s in params.stop):
             return None
@@ -170,7 +183,7 @@ class CallCanon:
         rest = want_text[len(asm.text):]
         if any(s in want_text for s in params.stop):
             return ""
-        want = self.core.model.tokenize(want_text, parse_special=False)  # the model's text, the opening's markers included
+        want = self._call_tokens(want_text, watch.markers)
         p = 0
         n = min(len(completion), len(want))
         while p < n and completion[p] == want[p]:

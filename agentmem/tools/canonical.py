@@ -75,6 +75,11 @@ class BareCallWatch:
         self._fmt = fmt
         self._names = frozenset(names)
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The format's marker texts (`ToolFormat.markers`), tokenized as markup, not as text."""
+        return self._fmt.markers if self._fmt is not None else ()
+
     def written_back(self, text: str) -> str | None:
         """The template's text of a finished reply that is calls to the offered tools; `None` otherwise.
 

@@ -106,6 +106,10 @@ class FakeModel:
         return out
 
 
+    def tokenize_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        return self.tokenize("".join(t for t, _ in pieces))
+
+
 class FakeCtx:
     def __init__(self) -> None:
         self.removed: list[tuple[int, int, int]] = []
@@ -289,3 +293,22 @@ def test_tools_shown_but_not_offered_turn_the_rewrite_off_in_autogen() -> None:
     assert none.sampling["canonical_calls"] is False
     auto = plan_call("a", msgs, {}, [schema], [schema], HERMES, "auto", None, **kw)
     assert "canonical_calls" not in auto.sampling
+
+
+def test_the_closing_tokenizes_the_format_markers_as_markup_and_the_call_as_text() -> None:
+    """A marker that is a control token (Mistral's `[TOOL_CALLS]`) must come back as that token,
+    as the template renders it; the call's own text never does."""
+    from agentmem.pool.canon import CallCanon
+
+    seen: list[list[tuple[str, bool]]] = []
+
+    class Recording(FakeModel):
+        def tokenize_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+            seen.append(list(pieces))
+            return []
+
+    core = FakeCore()
+    core.model = Recording()
+    CallCanon(core, None, NoWindow())._call_tokens(CANONICAL, HERMES.markers)  # type: ignore[arg-type]
+    body = CANONICAL[len("<tool_call>"):-len("</tool_call>")]
+    assert seen == [[("<tool_call>", True), (body, False), ("</tool_call>", True)]]
