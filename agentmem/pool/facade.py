@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 import agentmem.validation as check
 from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
-from agentmem.engine.chat_format import Message
+from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
@@ -225,7 +225,8 @@ class MemoryPool(HintMethods):
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
-        watch = watch_for(self.renderer.tool_format, tools, canonical_calls) if params.grammar is None else None
+        names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
+        watch = watch_for(self.renderer.tool_format, names, canonical_calls)
         run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch)
         return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
 

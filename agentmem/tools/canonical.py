@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from agentmem.errors import ConfigError
 
@@ -135,12 +135,12 @@ def bare_call_watch(fmt: ToolFormat, names: tuple[str, ...]) -> BareCallWatch | 
     return BareCallWatch(opening=fmt.bare_opening, heads=fmt.bare_heads(names), fmt=fmt, names=names)
 
 
-def watch_for(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None, enabled: bool = True) -> BareCallWatch | None:
-    """The watch of a free call offering `tools` (`MemoryPool.chat`'s `canonical_calls`), or `None`.
+def watch_for(fmt: ToolFormat, names: Sequence[str], enabled: bool = True) -> BareCallWatch | None:
+    """The watch of a free call offering the tools `names` (`MemoryPool.chat`'s `canonical_calls`), or `None`.
 
     Args:
         fmt: the model's tool format (only a `native` one: the template renders calls back).
-        tools: the offered tools, `{"name", ...}` or OpenAI's `{"type": "function", "function": {...}}`.
+        names: the offered tools' names (none: no watch).
         enabled: `canonical_calls` as passed.
 
     Raises:
@@ -148,11 +148,6 @@ def watch_for(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None, enable
     """
     if not isinstance(enabled, bool):
         raise ConfigError(f"canonical_calls must be a bool, got {type(enabled).__name__}")
-    if not (enabled and tools and fmt.native and fmt.bare_opening):
+    if not (enabled and names and fmt.native):
         return None
-    names = []
-    for t in tools:
-        fn = t.get("function") if isinstance(t.get("function"), Mapping) else t
-        if isinstance(fn.get("name"), str) and fn["name"]:
-            names.append(fn["name"])
     return bare_call_watch(fmt, tuple(names))

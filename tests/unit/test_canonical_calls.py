@@ -68,15 +68,14 @@ def test_every_format_opening_and_heads_rebuild_its_rendered_call(name: str) -> 
         HERMES.render_call([("send_email", {})]))
 
 
-def test_watch_for_needs_a_native_wrapping_format_tools_and_a_bool() -> None:
-    openai_tools = [{"type": "function", "function": {"name": "lookup_metric"}}]
-    w = watch_for(HERMES, openai_tools)
+def test_watch_for_needs_a_native_wrapping_format_names_and_a_bool() -> None:
+    w = watch_for(HERMES, ["lookup_metric"])
     assert w is not None and w.decide('{"name": "lookup_metric"') is True
-    assert watch_for(HERMES, openai_tools, False) is None and watch_for(HERMES, None) is None
-    assert watch_for(get_tool_format("envelope"), openai_tools) is None
-    assert watch_for(get_tool_format("llama3"), openai_tools) is None
+    assert watch_for(HERMES, ["lookup_metric"], False) is None and watch_for(HERMES, []) is None
+    assert watch_for(get_tool_format("envelope"), ["lookup_metric"]) is None
+    assert watch_for(get_tool_format("llama3"), ["lookup_metric"]) is None
     with pytest.raises(ConfigError, match="canonical_calls"):
-        watch_for(HERMES, openai_tools, "yes")  # type: ignore[arg-type]
+        watch_for(HERMES, ["lookup_metric"], "yes")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- the decode loop, on fakes
@@ -312,3 +311,17 @@ def test_the_closing_tokenizes_the_format_markers_as_markup_and_the_call_as_text
     CallCanon(core, None, NoWindow())._call_tokens(CANONICAL, HERMES.markers)  # type: ignore[arg-type]
     body = CANONICAL[len("<tool_call>"):-len("</tool_call>")]
     assert seen == [[("<tool_call>", True), (body, False), ("</tool_call>", True)]]
+
+
+def test_the_pool_checks_canonical_calls_and_runs_a_free_call_with_tools(tiny_qwen2_path: Any) -> None:
+    from agentmem import MemoryPool
+
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"name": "lookup_metric", "parameters": {"type": "object", "properties": {}}}]
+    with MemoryPool(tiny_qwen2_path, n_ctx=512, n_batch=64, n_threads=1, resident_agents=1) as pool:
+        assert pool.tool_format.name == "hermes"
+        with pytest.raises(ConfigError, match="canonical_calls"):
+            pool.chat("a", msgs, tools=tools, canonical_calls=1)  # type: ignore[arg-type]
+        on = pool.chat("a", msgs, tools=tools, max_tokens=6)
+        off = pool.chat("b", msgs, tools=tools, max_tokens=6, canonical_calls=False)
+        assert on.text == off.text and on.tokens == off.tokens  # a random model's reply is no call: nothing changes
