@@ -5,6 +5,7 @@
 * `turn` — one call as named phases: admit → place → reconcile → share → prefill → generate → finish.
 * `layout` — the KV layout (one unified cache or a stream per sequence) and the rule `kv_layout="auto"` follows.
 * `decoder` — chunked prefill, and batched decode steps of concurrent agents.
+* `canon` — a free tool call's first tokens rewritten in the KV with its format's opening, and its closing completed.
 * `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.
 * `mover` — park / restore / demote / drop / forget across tiers; the `make_resident` door.
 * `swa` — every sliding-window rule in one object (`SlidingWindow`), with a no-op twin (`NoWindow`).

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 import agentmem.validation as check
 from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
-from agentmem.engine.chat_format import Message
+from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
@@ -33,6 +33,7 @@ from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
+from agentmem.tools.canonical import watch_for
 from agentmem.tools.formats import ToolFormat
 
 __all__ = ["MemoryPool"]
@@ -175,6 +176,7 @@ class MemoryPool(HintMethods):
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        canonical_calls: bool = True,
         **sampling: Any,
     ) -> ChatResult:
         """Continue `agent_id`'s conversation and return the reply.
@@ -191,14 +193,16 @@ class MemoryPool(HintMethods):
         A reply that calls one of them holds the agent resident until its next call
         (`hold` with the default TTL): it runs again when the tool returns.
 
+        A free reply that opens as a bare call object gets its format's opening in KV and text
+        (`agentmem.pool.canon`: the next call then reuses the whole call's KV), unless `canonical_calls=False`.
+
         Raises:
             MessageError: a malformed message (the error names the field).
             ContextOverflowError: the prompt does not fit `capacity` (and the
                 agent has no token budget to evict down to).
         """
-        return self.chat_stream(
-            agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop, tools=tools, **sampling
-        ).drain()
+        return self.chat_stream(agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                tools=tools, canonical_calls=canonical_calls, **sampling).drain()
 
     def chat_stream(
         self,
@@ -209,6 +213,7 @@ class MemoryPool(HintMethods):
         temperature: float = 0.0,
         stop: str | Sequence[str] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        canonical_calls: bool = True,
         **sampling: Any,
     ) -> ChatStream:
         """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
@@ -220,7 +225,9 @@ class MemoryPool(HintMethods):
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
-        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs))
+        names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
+        watch = watch_for(self.renderer.tool_format, names, canonical_calls)
+        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch)
         return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
 
     def complete(
@@ -234,9 +241,8 @@ class MemoryPool(HintMethods):
         **sampling: Any,
     ) -> ChatResult:
         """Raw completion of `prompt` (no chat template) in `agent_id`'s context."""
-        return self.complete_stream(
-            agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, **sampling
-        ).drain()
+        return self.complete_stream(agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                    **sampling).drain()
 
     def complete_stream(
         self,
@@ -444,10 +450,7 @@ class MemoryPool(HintMethods):
 
     @property
     def tool_format(self) -> ToolFormat:
-        """The syntax this model writes tool calls in (`agentmem.tools.formats`), from its chat format.
-
-        Integrations parse replies, build forced-call grammars and stream with it.
-        """
+        """The model's tool-call syntax (`agentmem.tools.formats`); integrations parse, force, stream with it."""
         return self.renderer.tool_format
 
     # ------------------------------------------------------------------ durability
@@ -464,7 +467,6 @@ class MemoryPool(HintMethods):
         if failed:
             raise ArchiveError(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
 
-    # ------------------------------------------------------------------ validation
     def commit(self, agent_id: str) -> bool:
         """Write `agent_id`'s ledger and state to the archive now; it stays where it is.
 

@@ -43,7 +43,8 @@ POOL_TOTALS = (
     "evictions", "evicted_tokens", "recalls", "recall_hits", "prefetches", "prefetch_hits", "prefetch_misses",
     "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
     "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
-    "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores",
+    "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores", "canonical_calls",
+    "closed_calls", "canonical_tokens",
 )
 TIERS = ("empty", "warm", "cold")
 

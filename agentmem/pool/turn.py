@@ -11,7 +11,9 @@ admit → place → reconcile → share → prefill → generate → finish:
 * **share** — a fresh agent takes the longest prefix another agent holds.
 * **prefill** — decode only the new tokens (trimming to the budget on the way).
 * **generate** — sample, stream text pieces, stop on end of turn / stop strings
-  / `max_tokens`; decode steps are batched with other generating agents.
+  / `max_tokens`; decode steps are batched with other generating agents. With tools
+  offered freely, the first tokens go through `CallCanon.lead` (a bare call object is
+  rewritten in the KV with its format's opening, `agentmem.pool.canon`).
 * **finish** — the `ChatResult`; the agent is released and housekeeping
   (rebalance, prefetch) runs after the reply.
 """
@@ -26,12 +28,14 @@ from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
 from agentmem.errors import AgentMemError, ContextOverflowError
 from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.canon import CallCanon
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.mover import Mover
 from agentmem.pool.results import ChatResult, Timings, Usage
 from agentmem.pool.sharing import Sharing
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.swa import NoWindow
+from agentmem.tools.canonical import BareCallWatch
 
 __all__ = ["TurnRunner"]
 
@@ -64,9 +68,17 @@ class TurnRunner:
         self.decoder = decoder
         self.swa = swa
         self.after_call = after_call
+        self.canon = CallCanon(core, decoder, swa)
 
-    def run(self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int) -> Iterator[str | ChatResult]:
-        """The call as a generator of text pieces, ending with its `ChatResult`."""
+    def run(
+        self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int,
+        watch: BareCallWatch | None = None,
+    ) -> Iterator[str | ChatResult]:
+        """The call as a generator of text pieces, ending with its `ChatResult`.
+
+        `watch`: tools are offered freely; a reply that opens as a bare call to one of
+        them is rewritten in the KV with the format's opening (`agentmem.pool.canon`).
+        """
         core = self.core
         if core.closed:
             raise AgentMemError("the pool is closed")
@@ -92,7 +104,7 @@ class TurnRunner:
                 generating = True
             asm = TextAssembler(params.stop)
             completion: list[int] = []
-            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings)
+            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings, watch)
             with core.lock:
                 self.decoder.generating -= 1
                 generating = False
@@ -229,14 +241,23 @@ class TurnRunner:
 
     def _generate(
         self, a: AgentState, tok: int | None, sampler: Sampler | None, params: SamplingParams,
-        asm: TextAssembler, completion: list[int], timings: Timings,
+        asm: TextAssembler, completion: list[int], timings: Timings, watch: BareCallWatch | None,
     ) -> Iterator[str]:
         """Sample until end of turn, a stop string or `max_tokens`; yields text pieces, returns the finish reason."""
         core = self.core
         model = core.model
         budget = core.budget(a)
+        if watch is not None and tok is not None:
+            assert sampler is not None
+            tok, finish = yield from self.canon.lead(a, tok, sampler, params, asm, completion, watch, timings)
+            if finish is not None:
+                return finish
         while tok is not None:
             if model.is_eog(tok):
+                if watch is not None:  # once, at the end: a call not closed as the template writes it
+                    piece = self.canon.close(a, asm, completion, watch, params, timings)
+                    if piece:
+                        yield piece
                 return "stop"
             completion.append(tok)
             piece = asm.push(model.token_bytes(tok))

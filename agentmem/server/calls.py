@@ -13,8 +13,9 @@ Tools speak the model's own tool-call syntax, `MemoryPool.tool_format`
   parses and is written exactly as the template writes it back;
 * `tool_choice="auto"` (the default) generates freely; a reply that opens like a call
   (`ToolFormat.opens_call`) but does not parse as calls of known tools is retried once
-  forced. A native call written in another shape (a bare JSON object, other spacing) is
-  parsed leniently (`ToolFormat.find`);
+  forced. A reply that opens as a bare call object gets the format's opening in the pool
+  (`MemoryPool.chat`'s `canonical_calls`, `agentmem.pool.canon`); a native call written in
+  another shape (after some text, other spacing) is parsed leniently (`ToolFormat.find`);
 * a native call is put into the agent's KV exactly as the template writes it back
   (`Reply.written_back`) when the KV holds it otherwise, so the next request, which
   carries the call and its result, reuses the KV of the whole call;
@@ -224,7 +225,8 @@ def chat_call(
             return forced(picked)
         if picked == "auto":
             return PoolCall(agent_id, msgs, None, sampling, "auto", "", names, forced=forced, fmt=fmt)
-        return PoolCall(agent_id, msgs, None, sampling, fmt=fmt)  # "none": shown, not called
+        # "none": shown, not called (a reply that opens like a call stays as written)
+        return PoolCall(agent_id, msgs, None, {**sampling, "canonical_calls": False}, fmt=fmt)
     if choice not in (None, "auto", "none"):
         raise ConfigError(f"tool_choice {choice!r} needs tools")
     if rf is not None:

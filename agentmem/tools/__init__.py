@@ -6,6 +6,8 @@ for every framework.
 llama-cpp-python's public converter, and splits off the text a grammar forces.
 `formats.py` knows the tool-call syntax of each model family (Qwen/Hermes, Llama 3,
 Mistral, agentmem's own envelope) as strategy objects: render, grammar, parse, detect.
+`canonical.py` tells from a free reply's first characters whether it is a bare call object
+that the format's opening (`<tool_call>`) should precede, for the pool's decode loop.
 `forced.py` builds a forced call's or JSON reply's grammar once per tool set or schema
 (cached), for the integrations and the server alike.
 `parse.py` reads the `{"tool_calls": [...]}` envelope (strictly, or leniently out of free

@@ -104,6 +104,9 @@ class ToolFormat(abc.ABC):
             means agentmem's tools block goes into the system prompt.
         opener: the text every call starts with (used by `opens_call`).
         markers: texts of the syntax that a model's vocabulary may hold as single tokens.
+        bare_opening: the text the template writes before a call that a model may leave out,
+            writing the bare call object instead (`<tool_call>\\n` for Hermes); `""` when the
+            bare object is not a call of this syntax or is its canonical form already.
         tokens: the markers that are single tokens of the model this format is bound to
             (`with_tokens`), text → id; the grammar names them as token references,
             since llama.cpp's grammar does not match a special token against literal text.
@@ -113,6 +116,7 @@ class ToolFormat(abc.ABC):
     native: bool = True
     opener: str = ""
     markers: tuple[str, ...] = ()
+    bare_opening: str = ""
     tokens: Mapping[str, int] = {}
 
     def with_tokens(self, tokens: Mapping[str, int]) -> ToolFormat:
@@ -201,6 +205,14 @@ class ToolFormat(abc.ABC):
         """Whether one reply may hold several calls in this syntax."""
         return True
 
+    def bare_heads(self, names: Sequence[str]) -> tuple[str, ...]:
+        """How a call to each of `names` starts, as `render_call` writes it, without `bare_opening`.
+
+        Empty when the format has no `bare_opening`. `agentmem.tools.canonical` matches a
+        reply's first characters against these.
+        """
+        return ()
+
     def forced(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> tuple[str, str]:
         """`grammar` split into `(prefix, rest)`: the forced head goes in the prompt (`split_forced_prefix`)."""
         return split_forced_prefix(self.grammar(tools, parallel=parallel))
@@ -267,6 +279,14 @@ class _JSONCallFormat(ToolFormat):
     def render_call(self, calls: Sequence[Call]) -> str:
         return self.open_text + self.sep.join(self._one(n, a) for n, a in calls) + self.close_text
 
+    def bare_heads(self, names: Sequence[str]) -> tuple[str, ...]:
+        if not self.bare_opening:
+            return ()
+        lead = self.open_text + self.call_open
+        assert lead.startswith(self.bare_opening), f"{lead=}, {self.bare_opening=}"
+        rest = lead[len(self.bare_opening) :]
+        return tuple(f'{rest}{{"name": {json.dumps(n, ensure_ascii=False)}' for n in names)
+
     def grammar(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> str:
         tools = list(tools)
         rules: dict[str, str] = {}
@@ -324,6 +344,7 @@ class HermesFormat(_JSONCallFormat):
     call_open = "<tool_call>\n"
     call_close = "\n</tool_call>"
     sep = "\n"
+    bare_opening = "<tool_call>\n"
 
     @classmethod
     def detect(cls, template: str) -> bool:
@@ -374,6 +395,7 @@ class MistralFormat(_JSONCallFormat):
     open_text = "[TOOL_CALLS] ["
     sep = ", "
     close_text = "]"
+    bare_opening = "[TOOL_CALLS] "
 
     @classmethod
     def detect(cls, template: str) -> bool:

@@ -168,6 +168,8 @@ def plan_call(
     if allowed:
         retry = fmt.continuation(schemas, parallel=parallel)
         return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry, fmt=fmt)
+    if "tools" in sampling:  # shown, not to be called: a reply that opens like a call stays as written
+        sampling["canonical_calls"] = False
     if json_grammar is None and user_grammar is None and speaker_selection:
         names = candidate_names(conv)
         if names:

@@ -126,7 +126,9 @@ def plan_call(
             return forced(choice)
         if choice == "auto":
             return _Call(agent, msgs, sampling, "auto", "", names, forced=forced, fmt=fmt)
-        # "none": tools stay described (same prompt prefix, same kept KV) but are not called
+        # "none": tools stay described (same prompt prefix, same kept KV) but are not called,
+        # and a reply that opens like a call stays as written (no `<tool_call>` opening added)
+        sampling = {**sampling, "canonical_calls": False}
     if response_format is not None and not (tools and choice != "none"):
         schema = _response_schema(response_format)
         msgs = with_system_block(msgs, json_prompt(schema))
