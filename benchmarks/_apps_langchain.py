@@ -181,16 +181,21 @@ def _tool_agent(model: Any, *, answer_choice: Any, latency_s: float) -> Any:
 
 
 def run_tools(backend: Any, *, users: int, questions: int, latency_s: float, answer_choice: Any,
-              max_tokens: int) -> tuple[list[Call], float]:
-    """`users` threads at once, each asking `questions` questions of its own agent."""
-    # both models carry `max_tokens` themselves (create_agent binds tools on the model object)
-    app = _tool_agent(backend.model, answer_choice=answer_choice, latency_s=latency_s)
-    if backend.name.startswith("agentmem"):
-        backend.attach(app)
+              max_tokens: int, model_for: Callable[[str], Any] | None = None) -> tuple[list[Call], float]:
+    """`users` threads at once, each asking `questions` questions of its own agent.
+
+    `model_for(agent)`: each user's own model object and app (a server client per
+    agent); without it every user shares `backend.model` and one app.
+    """
+    # the models carry `max_tokens` themselves (create_agent binds tools on the model object)
+    shared = None if model_for else _tool_agent(backend.model, answer_choice=answer_choice, latency_s=latency_s)
+    if shared is not None and backend.name.startswith("agentmem"):
+        backend.attach(shared)
     calls: list[Call] = []
     lock = threading.Lock()
 
     def user(u: int) -> None:
+        app = shared or _tool_agent(model_for(f"user-{u}"), answer_choice=answer_choice, latency_s=latency_s)
         rec = CallRecorder(backend, lambda s: None)
         for qi, (q, _plan) in enumerate(QUESTIONS[:questions], start=1):
             rec.task = qi
