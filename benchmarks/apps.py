@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args.threads = args.threads or default_threads()
     args.model = str(resolve_model_path(args.model))
-    say(f"# python benchmarks/apps.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    say(f"# python benchmarks/apps.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
     say(f"# apps on {Path(args.model).name}, threads={args.threads}, load {load()}, resident={args.resident}")
     rows: list[dict[str, Any]] = []
     results: dict[str, Any] = {"load_at_start": load(), "threads": args.threads, "model": Path(args.model).name}
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         spec = importlib.util.spec_from_file_location("benchmarks.apps_autogen", autogen)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)
         say("# benchmarks/apps_autogen.py")
         results["autogen"] = mod.main(["--threads", str(args.threads), *args.autogen_args.split()])

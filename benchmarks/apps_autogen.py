@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -399,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     logger.setLevel(logging.INFO)  # AutoGen's own loggers (events, runtime) stay at WARNING
     args = parse_args(argv)
     logger.info("command: python benchmarks/apps_autogen.py %s; load %s",
-                " ".join(sys.argv[1:] if argv is None else argv), load())
+                shlex.join(sys.argv[1:] if argv is None else argv), load())
     rows = []
     for v in args.variants:
         logger.info("%s: load %s", v, load())
