@@ -33,7 +33,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._serving import ServerProc, free_port  # noqa: E402
 
-__all__ = ["SERVER_VARIANTS", "PerNodeChat", "Served", "ServerBackend", "start_server", "tool_choice_warnings"]
+__all__ = ["SERVER_VARIANTS", "PerNodeChat", "Served", "ServerBackend", "probe_tool_choice", "start_server",
+           "tool_choice_warnings"]
 
 #: variant key -> the row's name
 SERVER_VARIANTS = {"serve": "agentmem serve", "llama-server": "llama-server --cache-ram"}
@@ -185,3 +186,28 @@ def tool_choice_warnings(served: Served) -> list[str]:
     except OSError:
         return []
     return sorted({line.split(" W ", 1)[-1].strip() for line in text.splitlines() if "tool_choice" in line})
+
+
+def probe_tool_choice(served: Served, tools: list[Any], messages: list[dict[str, Any]], *,
+                      forced: str) -> dict[str, str]:
+    """How the server answers a forced call, as `tool_choice` naming `forced` and as `"required"` (non-streamed).
+
+    Run after the app (its prompt would otherwise seed the server's cache). Each value
+    is `tool_calls: NAME(ARGS)` or `no tool call: finish_reason, content` (first 60 chars).
+    """
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    body = {"model": served.model_name, "messages": messages, "tools": [convert_to_openai_tool(t) for t in tools],
+            "max_tokens": 32, "temperature": 0}
+    out = {}
+    for label, choice in (("named", {"type": "function", "function": {"name": forced}}), ("required", "required")):
+        r = httpx.post(served.base_url + "/chat/completions", json={**body, "tool_choice": choice},
+                       headers=served.headers("probe/tool-choice"), timeout=300)
+        if r.status_code != 200:
+            out[label] = f"HTTP {r.status_code}: {r.text[:120]}"
+            continue
+        ch = r.json()["choices"][0]
+        calls = ch["message"].get("tool_calls") or []
+        out[label] = (f"tool_calls: {calls[0]['function']['name']}({calls[0]['function']['arguments']})" if calls else
+                      f"no tool call: finish_reason={ch['finish_reason']}, content={(ch['message'].get('content') or '')[:60]!r}")
+    return out

@@ -88,7 +88,7 @@ def run_server_app(app: str, vkey: str, args: argparse.Namespace) -> dict[str, A
     import tempfile
 
     from benchmarks import _apps_langchain as L
-    from benchmarks._apps_servers import ServerBackend, start_server, tool_choice_warnings
+    from benchmarks._apps_servers import ServerBackend, probe_tool_choice, start_server, tool_choice_warnings
 
     served = start_server(vkey, model=args.model, threads=args.threads, resident=args.resident, n_ctx=8192,
                           cache_ram_mib=args.cache_ram, log_dir=Path(tempfile.mkdtemp(prefix=f"apps-{app}-{vkey}-")),
@@ -112,6 +112,13 @@ def run_server_app(app: str, vkey: str, args: argparse.Namespace) -> dict[str, A
         row["server_warnings"] = tool_choice_warnings(served)
         for w in row["server_warnings"]:
             say(f"  {served.name}: {w}")
+        if app == "tools":  # after the app: the tools app's first forced call, both forms, straight to the server
+            q, plan = L.QUESTIONS[0]
+            row["tool_choice_probe"] = probe_tool_choice(
+                served, L.TOOLS, [{"role": "system", "content": L.SUPPORT_PROMPT}, {"role": "user", "content": q}],
+                forced=plan[0])
+            for form, what in row["tool_choice_probe"].items():
+                say(f"  {served.name}: forced call as {form} tool_choice -> {what}")
         return row
     finally:
         be.close()
@@ -157,6 +164,19 @@ def _ratios(rows: list[dict[str, Any]], ref_variant: str = "agentmem, hints") ->
             out.append([app, r["variant"], f"{r['wall_s'] / ref['wall_s']:.2f}x",
                         f"{r['prefilled_tokens'] / max(1, ref['prefilled_tokens']):.2f}x",
                         f"{(r['ttft_p99_ms'] or 0) / max(1e-9, ref['ttft_p99_ms'] or 0):.2f}x"])
+    return out
+
+
+def _means(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per app and variant: the mean of its runs (a variant given twice, ABBA, is read as its mean)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["app"], r["variant"]), []).append(r)
+    out = []
+    for (app, variant), rs in groups.items():
+        m = {k: round(sum(r[k] or 0 for r in rs) / len(rs), 2)
+             for k in ("wall_s_per_task", "prefilled_tokens", "ttft_p50_ms", "ttft_p99_ms")}
+        out.append({"app": app, "variant": variant, "runs": len(rs), "wall_s": m["wall_s_per_task"], **m})
     return out
 
 
@@ -221,9 +241,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                if "server_prefill_tokens" in r]
         if own:  # the usage-derived count next to agentmem's own (GET /agents)
             say(table(["app", "variant", "prefilled (usage)", "prefill_tokens (GET /agents)"], own))
-        served = _ratios(rows, "agentmem serve")
+        means = _means(rows)
+        results["means"] = means
+        if len(means) < len(rows):
+            mk = ["app", "variant", "runs", "wall_s_per_task", "prefilled_tokens", "ttft_p50_ms", "ttft_p99_ms"]
+            say("means of repeated variants:\n" + table(mk, [[m[k] for k in mk] for m in means]))
+        served = _ratios(means, "agentmem serve")
         if served:
-            say(table(["app", "variant", "wall vs serve", "prefilled vs serve", "p99 TTFT vs serve"], served))
+            say(table(["app", "variant (mean)", "wall vs serve", "prefilled vs serve", "p99 TTFT vs serve"], served))
     results["rows"] = rows
     if "summary" in apps:
         from benchmarks import _apps_langchain as L

@@ -352,7 +352,10 @@ async def run_server(variant: str, args: argparse.Namespace) -> Run | None:
 
 
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    by = {r["variant"]: r for r in rows}
+    by: dict[str, dict[str, Any]] = {}  # a variant run twice (ABBA) is read as its mean
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        rs = [r for r in rows if r["variant"] == v]
+        by[v] = {k: sum(r[k] or 0 for r in rs) / len(rs) for k in ("wall_s", "ttft_p99_ms", "prefilled_tokens")}
     heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
              "hint hit rate", "restore in calls ms"]
     body = [[r["variant"], r["calls"], r["tool_calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])),
@@ -370,7 +373,7 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                        ("hints", "serve", "wall_s")]:
         if a in by and b in by and by[b][what]:
             ratios.append(f"{what} {a}/{b} = {by[a][what] / by[b][what]:.2f}")
-    return "\n".join(out + ["", *ratios])
+    return "\n".join(out + ["", "ratios (a variant run more than once: its mean):", *ratios])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
