@@ -11,7 +11,9 @@
   the prompt tokens read from kept KV on the call after the summary.
 
 Each variant is a `Variant` (how the model and the pool are built); each run returns
-the calls (`Call`: agent, cached/prompt tokens, TTFT, total) and the pool's stats.
+the calls (`Call`: agent, cached/prompt tokens, TTFT, total) and the pool's stats. The
+server variants (`benchmarks/_apps_servers.py`) run the same `run_team` / `run_tools` with
+a `ChatOpenAI` per agent (`run_tools(model_for=...)`: one app per user).
 """
 
 from __future__ import annotations
