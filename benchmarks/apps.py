@@ -23,7 +23,8 @@ client object per agent (per graph node, per user), agentmem's naming its agent 
 built skips its variant with the reason. llama-server ignores a `tool_choice` naming a
 function (it takes only strings, and falls back to `auto`): its log lines about that are
 printed, and the `tool calls` column shows how many replies were tool calls.
-`autogen` runs `benchmarks/apps_autogen.py`'s `main()` (the AutoGen apps) when that file exists.
+`autogen` runs `benchmarks/apps_autogen.py`'s `main()` (the AutoGen apps) when that file exists, with
+`--autogen-args` (one string) passed on: `--autogen-args "--variants serve llama-server --tasks 1"`.
 
 Reported per app and variant: wall time per task, prefilled prompt tokens (prompt less
 what came from kept KV), p50/p99 TTFT over every model call (a non-streamed forced tool call
