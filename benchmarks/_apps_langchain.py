@@ -11,7 +11,9 @@
   the prompt tokens read from kept KV on the call after the summary.
 
 Each variant is a `Variant` (how the model and the pool are built); each run returns
-the calls (`Call`: agent, cached/prompt tokens, TTFT, total) and the pool's stats.
+the calls (`Call`: agent, cached/prompt tokens, TTFT, total) and the pool's stats. The
+server variants (`benchmarks/_apps_servers.py`) run the same `run_team` / `run_tools` with
+a `ChatOpenAI` per agent (`run_tools(model_for=...)`: one app per user).
 """
 
 from __future__ import annotations
@@ -181,16 +183,21 @@ def _tool_agent(model: Any, *, answer_choice: Any, latency_s: float) -> Any:
 
 
 def run_tools(backend: Any, *, users: int, questions: int, latency_s: float, answer_choice: Any,
-              max_tokens: int) -> tuple[list[Call], float]:
-    """`users` threads at once, each asking `questions` questions of its own agent."""
-    # both models carry `max_tokens` themselves (create_agent binds tools on the model object)
-    app = _tool_agent(backend.model, answer_choice=answer_choice, latency_s=latency_s)
-    if backend.name.startswith("agentmem"):
-        backend.attach(app)
+              max_tokens: int, model_for: Callable[[str], Any] | None = None) -> tuple[list[Call], float]:
+    """`users` threads at once, each asking `questions` questions of its own agent.
+
+    `model_for(agent)`: each user's own model object and app (a server client per
+    agent); without it every user shares `backend.model` and one app.
+    """
+    # the models carry `max_tokens` themselves (create_agent binds tools on the model object)
+    shared = None if model_for else _tool_agent(backend.model, answer_choice=answer_choice, latency_s=latency_s)
+    if shared is not None and backend.name.startswith("agentmem"):
+        backend.attach(shared)
     calls: list[Call] = []
     lock = threading.Lock()
 
     def user(u: int) -> None:
+        app = shared or _tool_agent(model_for(f"user-{u}"), answer_choice=answer_choice, latency_s=latency_s)
         rec = CallRecorder(backend, lambda s: None)
         for qi, (q, _plan) in enumerate(QUESTIONS[:questions], start=1):
             rec.task = qi

@@ -10,7 +10,18 @@ measured in the same run:
   tool-call reply holds its agent (no app code: `agentmem_autogen._hints`);
 * `no-hints` — the same with `PoolConfig(hints=False)` (the learned predictor only);
 * `all-resident` — agentmem with a live sequence for every model user (the bound);
-* `peer` — autogen-ext's `LlamaCppChatCompletionClient`, one `Llama` shared by all.
+* `peer` — autogen-ext's `LlamaCppChatCompletionClient`, one `Llama` shared by all;
+* `serve` / `llama-server` — the same team through autogen-ext's
+  `OpenAIChatCompletionClient`, one client per agent, against `agentmem serve
+  --resident 2` (each client names its agent with `default_headers={"X-Agent-Id": name}`)
+  and against llama-server `-np 2 -kvu --cache-ram --jinja` (no identity: one client per
+  agent, nothing else). Every call streams (`model_client_stream`); TTFT is the client's
+  (request → first chunk with content or a tool call); prefilled = `usage.prompt_tokens`
+  less `prompt_tokens_details.cached_tokens`, which both servers report. The selector
+  asks for `response_format` JSON of the schema `{"speaker": one of the roles}` (the
+  standard knob standing in for agentmem's `speaker_selection` and the peer's grammar).
+  `benchmarks/_apps_servers.py` starts the servers; a llama-server that is missing and
+  cannot be built skips its variant with the reason.
 
 Reported per variant: wall time per task, total prefilled tokens, p50/p99 TTFT of the
 model calls, the hint hit rate (`stats()["hints"]`), the restore time left inside calls
@@ -32,6 +43,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -44,7 +56,14 @@ from _report import load, md_table, table  # noqa: E402
 logger = logging.getLogger("apps_autogen")
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
-VARIANTS = ("hints", "no-hints", "all-resident", "peer")
+VARIANTS = ("hints", "no-hints", "all-resident", "peer", "serve", "llama-server")
+SERVER_VARIANTS = ("serve", "llama-server")
+#: what `OpenAIChatCompletionClient` is told about a local model it does not know
+MODEL_INFO = {"vision": False, "function_calling": True, "json_output": True, "family": "unknown",
+              "structured_output": True}
+SPEAKER_FORMAT = {"type": "json_schema", "json_schema": {"name": "speaker", "strict": True, "schema": {
+    "type": "object", "properties": {"speaker": {"type": "string", "enum": list(("pm", "engineer", "reviewer", "writer"))}},
+    "required": ["speaker"], "additionalProperties": False}}}
 TEAM = "Acme Tasks builds Tasker, a to-do app for small teams (1,200 paying teams, churn 3% a month)."
 ROLES = {
     "pm": ("Product manager: scope and success metric; looks up metrics.",
@@ -119,18 +138,20 @@ class Run:
         }
 
 
-def build_team(clients: dict[str, Any], selector: Any, tools: dict[str, list[Callable[..., Any]]], turns: int) -> Any:
+def build_team(clients: dict[str, Any], selector: Any, tools: dict[str, list[Callable[..., Any]]], turns: int,
+               *, stream: bool = False) -> Any:
+    """The team; `stream`: every agent and the selector call `create_stream` (the server variants)."""
     from autogen_agentchat.agents import AssistantAgent
     from autogen_agentchat.conditions import MaxMessageTermination
     from autogen_agentchat.teams import SelectorGroupChat
 
     agents = [
         AssistantAgent(name, model_client=clients[name], description=desc, system_message=f"{TEAM}\n{role}",
-                       tools=tools[name], reflect_on_tool_use=bool(tools[name]))
+                       tools=tools[name], reflect_on_tool_use=bool(tools[name]), model_client_stream=stream)
         for name, (desc, role) in ROLES.items()
     ]
     return SelectorGroupChat(agents, model_client=selector, selector_prompt=SELECTOR_PROMPT,
-                             termination_condition=MaxMessageTermination(1 + turns))
+                             termination_condition=MaxMessageTermination(1 + turns), model_client_streaming=stream)
 
 
 async def run_tasks(team: Any, run: Run, tasks: Sequence[str]) -> None:
@@ -229,23 +250,130 @@ async def run_peer(args: argparse.Namespace) -> Run:
     return run
 
 
+class _TimedStream:
+    """An openai `AsyncStream` that notes its first content/tool-call chunk and its usage chunk."""
+
+    def __init__(self, inner: Any, t0: float, done: Callable[[float, Any], None]) -> None:
+        self._inner, self._t0, self._done = inner, t0, done
+        self._first: float | None = None
+        self._usage: Any = None
+
+    def __aiter__(self) -> "_TimedStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            chunk = await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._done((self._first or time.perf_counter()) - self._t0, self._usage)
+            raise
+        if self._first is None and any(c.delta.content or c.delta.tool_calls for c in chunk.choices):
+            self._first = time.perf_counter()
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        return chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def server_client(run: Run, served: Any, agent: str, **create_args: Any) -> Any:
+    """An `OpenAIChatCompletionClient` for `agent` on `served`, its calls timed and their usage counted into `run`.
+
+    The timing wraps the client's own openai `chat.completions.create` (the request
+    autogen-ext sends is unchanged, except that a stream asks for its usage chunk).
+    """
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    client = OpenAIChatCompletionClient(model=served.model_name, base_url=served.base_url, api_key="none",
+                                        model_info=MODEL_INFO, temperature=0.0, default_headers=served.headers(agent),
+                                        **create_args)
+    completions = client._client.chat.completions
+    real = completions.create
+
+    def done(ttft_s: float, usage: Any) -> None:
+        run.calls += 1
+        run.ttft_s.append(ttft_s)
+        if usage is not None:
+            details = getattr(usage, "prompt_tokens_details", None)
+            run.prefilled += usage.prompt_tokens - int(getattr(details, "cached_tokens", 0) or 0)
+            run.decoded += usage.completion_tokens
+        else:
+            run.kv["no_usage"] = run.kv.get("no_usage", 0) + 1
+
+    async def create(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        if kw.get("stream"):
+            kw["stream_options"] = {"include_usage": True}
+            return _TimedStream(await real(*a, **kw), t0, done)
+        out = await real(*a, **kw)
+        done(time.perf_counter() - t0, out.usage)  # not streamed: TTFT is the whole call
+        return out
+
+    completions.create = create
+    return client
+
+
+async def run_server(variant: str, args: argparse.Namespace) -> Run | None:
+    """The team through `OpenAIChatCompletionClient` on a started server; None (logged) when skipped."""
+    import tempfile
+    from pathlib import Path
+
+    from _apps_servers import start_server, tool_choice_warnings
+
+    from agentmem import resolve_model_path
+
+    served = start_server("serve" if variant == "serve" else "llama-server", model=str(resolve_model_path(MODEL)),
+                          threads=args.threads, resident=args.server_resident, n_ctx=args.n_ctx,
+                          cache_ram_mib=args.cache_ram, log_dir=Path(tempfile.mkdtemp(prefix=f"apps-{variant}-")),
+                          binary=args.llama_server)
+    if isinstance(served, str):
+        logger.warning("skipped %s: %s", variant, served)
+        return None
+    run = Run(variant)
+    clients: dict[str, Any] = {}
+    try:
+        clients = {n: server_client(run, served, n, max_tokens=args.max_tokens) for n in ROLES}
+        clients["selector"] = server_client(run, served, "selector", max_tokens=16, response_format=SPEAKER_FORMAT)
+        selector = clients.pop("selector")
+        team = build_team(clients, selector, make_tools(args.tool_ms / 1e3), args.turns, stream=True)
+        clients["selector"] = selector
+        await run_tasks(team, run, TASKS[: args.tasks])
+        own = served.agents_summary()  # agentmem's own count, next to the one from usage
+        if own is not None:
+            run.kv.update({f"server_{k}": v for k, v in own.items()})
+        for w in tool_choice_warnings(served):
+            logger.warning("%s: %s", variant, w)
+    finally:
+        for c in clients.values():
+            await c.close()
+        served.stop()
+    return run
+
+
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    by = {r["variant"]: r for r in rows}
+    by: dict[str, dict[str, Any]] = {}  # a variant run twice (ABBA) is read as its mean
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        rs = [r for r in rows if r["variant"] == v]
+        by[v] = {k: sum(r[k] or 0 for r in rs) / len(rs) for k in ("wall_s", "ttft_p99_ms", "prefilled_tokens")}
     heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
              "hint hit rate", "restore in calls ms"]
     body = [[r["variant"], r["calls"], r["tool_calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])),
              r["prefilled_tokens"], r.get("decoded_tokens"), r["ttft_p50_ms"], r["ttft_p99_ms"],
              "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}",
-             r["restore_in_calls_ms"] if r["variant"] != "peer" else "-"] for r in rows]
-    out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']} of 5 model users", "",
+             r["restore_in_calls_ms"] if r["variant"] not in ("peer", *SERVER_VARIANTS) else "-"] for r in rows]
+    servers = f" (servers: {meta['server_resident']})" if any(r["variant"] in SERVER_VARIANTS for r in rows) else ""
+    out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']}{servers} of 5 model users", "",
            table(heads, body), "", md_table(heads, body)]
     ratios = []
     for a, b, what in [("hints", "all-resident", "ttft_p99_ms"), ("hints", "no-hints", "wall_s"),
                        ("hints", "no-hints", "ttft_p99_ms"), ("hints", "peer", "wall_s"),
-                       ("hints", "peer", "prefilled_tokens")]:
+                       ("hints", "peer", "prefilled_tokens"), ("serve", "llama-server", "wall_s"),
+                       ("serve", "llama-server", "prefilled_tokens"), ("serve", "llama-server", "ttft_p99_ms"),
+                       ("hints", "serve", "wall_s")]:
         if a in by and b in by and by[b][what]:
             ratios.append(f"{what} {a}/{b} = {by[a][what] / by[b][what]:.2f}")
-    return "\n".join(out + ["", *ratios])
+    return "\n".join(out + ["", "ratios (a variant run more than once: its mean):", *ratios])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -258,6 +386,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--server-resident", type=int, default=2,
+                    help="serve / llama-server: agentmem --resident, llama-server -np (fewer than the 5 model users)")
+    ap.add_argument("--cache-ram", type=int, default=2048, help="llama-server --cache-ram MiB")
+    ap.add_argument("--llama-server", default=None, help="a llama-server binary (default: the cached build)")
     ap.add_argument("--json", help="write the rows and metadata here")
     args = ap.parse_args(argv)
     if not 1 <= args.tasks <= len(TASKS):
@@ -270,12 +402,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)  # AutoGen's own loggers (events, runtime) stay at WARNING
     args = parse_args(argv)
+    logger.info("command: python benchmarks/apps_autogen.py %s; load %s",
+                shlex.join(sys.argv[1:] if argv is None else argv), load())
     rows = []
     for v in args.variants:
-        run = asyncio.run(run_peer(args) if v == "peer" else run_agentmem(v, args))
+        logger.info("%s: load %s", v, load())
+        if v in SERVER_VARIANTS:
+            run = asyncio.run(run_server(v, args))
+        else:
+            run = asyncio.run(run_peer(args) if v == "peer" else run_agentmem(v, args))
+        if run is None:
+            continue
         rows.append(run.row())
         logger.info("%s", rows[-1])
-    meta = {"load": load(), "threads": args.threads, "resident": args.resident, "model": MODEL,
+    meta = {"load": load(), "threads": args.threads, "resident": args.resident, "server_resident": args.server_resident,
+            "model": MODEL,
             "tasks": args.tasks, "turns": args.turns, "tool_ms": args.tool_ms, "max_tokens": args.max_tokens}
     logger.info("\n%s", report(rows, meta))
     if args.json:
