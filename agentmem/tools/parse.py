@@ -19,10 +19,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
-
-if TYPE_CHECKING:
-    from .formats import ToolFormat
+from typing import Any, Mapping, Protocol, Sequence
 
 __all__ = [
     "TOOL_CALL_OPEN",
@@ -223,6 +220,12 @@ def opens_tool_call(lead: str, *, lenient: bool = False) -> bool | None:
     return None if TOOL_CALL_OPEN.startswith(s) else False
 
 
+class _OpensCall(Protocol):
+    """What `CallGate` needs of a tool format (`agentmem.tools.formats.ToolFormat`)."""
+
+    def opens_call(self, lead: str) -> bool | None: ...
+
+
 class CallGate:
     """Which streamed text of a reply may be shown now, for the integrations and the server.
 
@@ -236,7 +239,7 @@ class CallGate:
         mode: `"text"`, `"json"`, `"tools"` (forced) or `"auto"`.
     """
 
-    def __init__(self, fmt: ToolFormat, mode: str) -> None:
+    def __init__(self, fmt: _OpensCall, mode: str) -> None:
         self.fmt = fmt
         self.held = ""
         self.decided: str | None = {"text": "text", "json": "text", "tools": "tool"}.get(mode)
