@@ -205,12 +205,18 @@ class CallCanon:
             return ""
         return self._complete(a, asm, completion, (), asm.text, want_text, watch.markers, params, t)
 
-    def opening(self, prompt: RenderedPrompt, text: str, fmt: ToolFormat) -> tuple[RenderedPrompt, Opening]:
+    def opening(
+        self, prompt: RenderedPrompt, text: str | None, fmt: ToolFormat
+    ) -> tuple[RenderedPrompt, Opening | None]:
         """`prompt` (with its generation prompt) + a forced call's opening tokenized as the template renders it.
+
+        `text=None` (no forced call) returns `(prompt, None)`.
 
         Raises:
             ConfigError: `text` is not a non-empty string (`opening`).
         """
+        if text is None:
+            return prompt, None
         if not isinstance(text, str) or not text:
             raise ConfigError(f"opening must be a non-empty string or None, got {text!r:.40}")
         toks = tuple(self._call_tokens(text, fmt.markers))

@@ -230,9 +230,7 @@ class MemoryPool(HintMethods):
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
         names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
-        forced = None
-        if opening is not None:  # a forced call (no free-call watch)
-            prompt, forced = self._turns.canon.opening(prompt, opening, self.renderer.tool_format)
+        prompt, forced = self._turns.canon.opening(prompt, opening, self.renderer.tool_format)  # a forced call's
         watch = None if forced else watch_for(self.renderer.tool_format, names, canonical_calls)
         run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch, forced=forced)
         return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
