@@ -20,29 +20,52 @@ the template writes them back (a small model often stops before `\\n</tool_call>
 `CallCanon.close` cuts the KV back to where the two differ and decodes the template's
 rest, and the text gains that rest: the KV then holds the whole call as the next prompt
 renders it, and the integrations need no write-back call.
+
+A **forced** call (`MemoryPool.chat`'s `opening`: the forced start of the reply that the
+integrations and the server get from `ToolFormat.forced`) gets the same treatment by
+construction: `CallCanon.opening` appends the opening to the prompt as the template renders
+a call (its markers as markup, the rest as text; an assistant message's content would
+be text only), and at end of turn `CallCanon.close_forced` compares the KV of opening +
+reply with the template's tokens of the call and decodes again from where they differ
+(a token the model split otherwise, a missing closing). The reply's text stays what
+was generated (without the opening), plus any closing added.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 
+from agentmem.engine.chat_format import RenderedPrompt, Span
+
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
+from agentmem.errors import ConfigError
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.swa import NoWindow
 from agentmem.tools.canonical import BareCallWatch
+from agentmem.tools.formats import ToolFormat
 
 if TYPE_CHECKING:
     from agentmem.pool.results import Timings
 
-__all__ = ["CallCanon"]
+__all__ = ["CallCanon", "Opening"]
 
 logger = logging.getLogger(__name__)
 
 Lead = tuple[int | None, str | None]
 """What `CallCanon.lead` hands back: `(next token, None)` to go on, or `(None, finish reason)`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """A forced call's opening in the prompt: its text, its tokens (the prompt's last), the format."""
+
+    text: str
+    tokens: tuple[int, ...]
+    fmt: ToolFormat
 
 
 class CallCanon:
@@ -178,20 +201,70 @@ class CallCanon:
         whose template text (`BareCallWatch.written_back`) continues the reply's text.
         """
         want_text = watch.written_back(asm.text)
-        if want_text is None or want_text == asm.text or not want_text.startswith(asm.text):
+        if want_text is None or want_text == asm.text:
             return ""
-        rest = want_text[len(asm.text):]
-        if any(s in want_text for s in params.stop):
+        return self._complete(a, asm, completion, (), asm.text, want_text, watch.markers, params, t)
+
+    def opening(
+        self, prompt: RenderedPrompt, text: str | None, fmt: ToolFormat
+    ) -> tuple[RenderedPrompt, Opening | None]:
+        """`prompt` (with its generation prompt) + a forced call's opening tokenized as the template renders it.
+
+        `text=None` (no forced call) returns `(prompt, None)`.
+
+        Raises:
+            ConfigError: `text` is not a non-empty string (`opening`).
+        """
+        if text is None:
+            return prompt, None
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"opening must be a non-empty string or None, got {text!r:.40}")
+        toks = tuple(self._call_tokens(text, fmt.markers))
+        n = len(prompt.tokens)
+        spans = [*prompt.spans, Span(n, n + len(toks), "tool_call")]
+        return RenderedPrompt([*prompt.tokens, *toks], spans), Opening(text, toks, fmt)
+
+    def close_forced(
+        self, a: AgentState, asm: TextAssembler, completion: list[int], op: Opening, params: SamplingParams,
+        t: Timings,
+    ) -> str:
+        """Make the KV of a forced call (`op` + reply) the template's tokens of it; returns the text added.
+
+        Runs once, where the reply ends on end of turn. Nothing is done (returns `""`)
+        unless opening + reply parse as calls whose template text continues them, or when
+        the KV already holds those tokens.
+        """
+        have = op.text + asm.text
+        calls = op.fmt.parse(have)
+        if not calls or any(not c.ok for c in calls):
             return ""
-        want = self._call_tokens(want_text, watch.markers)
+        want_text = op.fmt.render_call([(c.name, c.arguments) for c in calls])  # type: ignore[misc]
+        return self._complete(a, asm, completion, op.tokens, have, want_text, op.fmt.markers, params, t)
+
+    def _complete(
+        self, a: AgentState, asm: TextAssembler, completion: list[int], lead: Sequence[int], have: str,
+        want_text: str, markers: Sequence[str], params: SamplingParams, t: Timings,
+    ) -> str:
+        """Cut the KV of `lead` + `completion` (text `have`) where it leaves the tokens of
+        `want_text` and decode the rest of those; returns the text added (`""`: nothing done)."""
+        if not want_text.startswith(have) or any(s in want_text for s in params.stop):
+            return ""
+        want = self._call_tokens(want_text, markers)
+        kv = [*lead, *completion]
         p = 0
-        n = min(len(completion), len(want))
-        while p < n and completion[p] == want[p]:
+        n = min(len(kv), len(want))
+        while p < n and kv[p] == want[p]:
             p += 1
+        if p == len(kv) == len(want):
+            return ""
+        if p < len(lead):  # the opening itself tokenizes otherwise in the whole call: left as it is
+            logger.debug("agent %r: call opening tokenizes otherwise in the whole call; KV left as it is", a.id)
+            return ""
+        q = p - len(lead)  # where the reply's tokens leave the template's
         core = self.core
         with core.lock:
             assert a.seq is not None, f"{a.id=}"
-            cut = len(a.ledger) - (len(completion) - p)
+            cut = len(a.ledger) - (len(completion) - q)
             keep_live = a.ledger.live_before(cut)
             if not self._room(a, len(want) - p - (a.ledger.n_live - keep_live)):
                 return ""
@@ -200,8 +273,9 @@ class CallCanon:
             keep = a.ledger.truncate(cut)
             core.ctx.seq_rm(a.seq, keep, -1)
             self.decoder.prefill(a, want[p:], None, None, t)
-        completion[p:] = want[p:]
+        completion[q:] = want[p:]
         core.totals["closed_calls"] += 1
         core.totals["canonical_tokens"] += len(want) - p
         logger.debug("agent %r: call completed to the template's text (%d tokens redone)", a.id, len(want) - p)
-        return asm.push(rest.encode("utf-8"))
+        rest = want_text[len(have):]
+        return asm.push(rest.encode("utf-8")) if rest else ""

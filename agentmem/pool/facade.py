@@ -177,6 +177,7 @@ class MemoryPool(HintMethods):
         stop: str | Sequence[str] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         canonical_calls: bool = True,
+        opening: str | None = None,
         **sampling: Any,
     ) -> ChatResult:
         """Continue `agent_id`'s conversation and return the reply.
@@ -195,6 +196,8 @@ class MemoryPool(HintMethods):
 
         A free reply that opens as a bare call object gets its format's opening in KV and text
         (`agentmem.pool.canon`: the next call then reuses the whole call's KV), unless `canonical_calls=False`.
+        `opening` (trusted: a forced call's prefix from `ToolFormat.forced`, with its `grammar`) starts
+        the reply as the template renders a call, not as message text; the reply's text leaves it out.
 
         Raises:
             MessageError: a malformed message (the error names the field).
@@ -202,7 +205,7 @@ class MemoryPool(HintMethods):
                 agent has no token budget to evict down to).
         """
         return self.chat_stream(agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
-                                tools=tools, canonical_calls=canonical_calls, **sampling).drain()
+                                tools=tools, canonical_calls=canonical_calls, opening=opening, **sampling).drain()
 
     def chat_stream(
         self,
@@ -214,6 +217,7 @@ class MemoryPool(HintMethods):
         stop: str | Sequence[str] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         canonical_calls: bool = True,
+        opening: str | None = None,
         **sampling: Any,
     ) -> ChatStream:
         """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
@@ -226,8 +230,9 @@ class MemoryPool(HintMethods):
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
         names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
-        watch = watch_for(self.renderer.tool_format, names, canonical_calls)
-        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch)
+        prompt, forced = self._turns.canon.opening(prompt, opening, self.renderer.tool_format)  # a forced call's
+        watch = None if forced else watch_for(self.renderer.tool_format, names, canonical_calls)
+        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch, forced=forced)
         return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
 
     def complete(

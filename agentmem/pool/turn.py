@@ -13,7 +13,8 @@ admit → place → reconcile → share → prefill → generate → finish:
 * **generate** — sample, stream text pieces, stop on end of turn / stop strings
   / `max_tokens`; decode steps are batched with other generating agents. With tools
   offered freely, the first tokens go through `CallCanon.lead` (a bare call object is
-  rewritten in the KV with its format's opening, `agentmem.pool.canon`).
+  rewritten in the KV with its format's opening, `agentmem.pool.canon`); a forced call's
+  KV is made the template's tokens of the call at end of turn (`CallCanon.close_forced`).
 * **finish** — the `ChatResult`; the agent is released and housekeeping
   (rebalance, prefetch) runs after the reply.
 """
@@ -28,7 +29,7 @@ from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
 from agentmem.errors import AgentMemError, ContextOverflowError
 from agentmem.pool.blocks import BlockRefs
-from agentmem.pool.canon import CallCanon
+from agentmem.pool.canon import CallCanon, Opening
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.mover import Mover
 from agentmem.pool.results import ChatResult, Timings, Usage
@@ -72,12 +73,13 @@ class TurnRunner:
 
     def run(
         self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int,
-        watch: BareCallWatch | None = None,
+        watch: BareCallWatch | None = None, forced: Opening | None = None,
     ) -> Iterator[str | ChatResult]:
         """The call as a generator of text pieces, ending with its `ChatResult`.
 
         `watch`: tools are offered freely; a reply that opens as a bare call to one of
         them is rewritten in the KV with the format's opening (`agentmem.pool.canon`).
+        `forced`: the prompt ends with a forced call's opening (`CallCanon.opening`).
         """
         core = self.core
         if core.closed:
@@ -104,7 +106,7 @@ class TurnRunner:
                 generating = True
             asm = TextAssembler(params.stop)
             completion: list[int] = []
-            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings, watch)
+            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings, watch, forced)
             with core.lock:
                 self.decoder.generating -= 1
                 generating = False
@@ -242,6 +244,7 @@ class TurnRunner:
     def _generate(
         self, a: AgentState, tok: int | None, sampler: Sampler | None, params: SamplingParams,
         asm: TextAssembler, completion: list[int], timings: Timings, watch: BareCallWatch | None,
+        forced: Opening | None = None,
     ) -> Iterator[str]:
         """Sample until end of turn, a stop string or `max_tokens`; yields text pieces, returns the finish reason."""
         core = self.core
@@ -254,10 +257,13 @@ class TurnRunner:
                 return finish
         while tok is not None:
             if model.is_eog(tok):
+                piece = ""
                 if watch is not None:  # once, at the end: a call not closed as the template writes it
                     piece = self.canon.close(a, asm, completion, watch, params, timings)
-                    if piece:
-                        yield piece
+                elif forced is not None:  # a forced call: its KV made the template's tokens of it
+                    piece = self.canon.close_forced(a, asm, completion, forced, params, timings)
+                if piece:
+                    yield piece
                 return "stop"
             completion.append(tok)
             piece = asm.push(model.token_bytes(tok))

@@ -9,8 +9,9 @@ Tools speak the model's own tool-call syntax, `MemoryPool.tool_format`
   agentmem's tools block at the end of the system message (`tools_prompt`,
   `with_system_block`) for the `envelope` format (Gemma 3, the built-in formats);
 * `tool_choice="required"` or a named function decodes under the format's grammar
-  (`ToolFormat.forced`), its forced opening moved into the prompt, so the call always
-  parses and is written exactly as the template writes it back;
+  (`ToolFormat.forced`), its forced opening moved into the prompt (a native format's as
+  the pool's `opening`, tokenized as the template renders the call sent back), so the
+  call always parses and is written exactly as the template writes it back;
 * `tool_choice="auto"` (the default) generates freely; a reply that opens like a call
   (`ToolFormat.opens_call`) but does not parse as calls of known tools is retried once
   forced. A reply that opens as a bare call object gets the format's opening in the pool
@@ -91,9 +92,9 @@ class PoolCall:
                         {**keep, "max_tokens": 0}, fmt=self.fmt)
 
     def pool_messages(self) -> list[dict[str, Any]]:
-        """The messages to send (the forced prefix as a started assistant turn)."""
+        """The messages to send (a forced prefix as a started assistant turn, unless sent as `opening`)."""
         assert self.messages is not None, "a completion call has no messages"
-        if not self.prefix:
+        if not self.prefix or "opening" in self.sampling:
             return self.messages
         return [*self.messages, {"role": "assistant", "content": self.prefix}]
 
@@ -217,7 +218,8 @@ def chat_call(
 
         def forced(only: str | None = None) -> PoolCall:
             prefix, g = forced_call_grammar(fmt, tools_json, only, parallel)
-            return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
+            opening = {"opening": prefix} if fmt.native else {}  # as the template renders a call sent back
+            return PoolCall(agent_id, msgs, None, {**sampling, "grammar": g, **opening}, "tools", prefix, names, fmt=fmt)
 
         if picked == "required":
             return forced()

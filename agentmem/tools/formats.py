@@ -214,8 +214,12 @@ class ToolFormat(abc.ABC):
         return ()
 
     def forced(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> tuple[str, str]:
-        """`grammar` split into `(prefix, rest)`: the forced head goes in the prompt (`split_forced_prefix`)."""
-        return split_forced_prefix(self.grammar(tools, parallel=parallel))
+        """`grammar` split into `(prefix, rest)`: the forced head goes in the prompt (`split_forced_prefix`).
+
+        The prefix ends before a space (`at_space`), so the KV of prefix + reply can be the
+        tokens the template renders when the call is sent back (`MemoryPool.chat`'s `opening`).
+        """
+        return split_forced_prefix(self.grammar(tools, parallel=parallel), at_space=True)
 
     def continuation(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> tuple[str, str]:
         """Like `forced`, but the prefix stops where the arguments (one tool) or the name (several) begin."""

@@ -387,7 +387,7 @@ def _top_level_alternative(tokens: Sequence[str]) -> bool:
     return False
 
 
-def split_forced_prefix(grammar: str, *, keep: Iterable[str] = ()) -> tuple[str, str]:
+def split_forced_prefix(grammar: str, *, keep: Iterable[str] = (), at_space: bool = False) -> tuple[str, str]:
     """Split off the text every output of `grammar` starts with.
 
     Returns `(prefix, rest)`: `prefix` is forced text (it can be put in the prompt as the
@@ -398,6 +398,11 @@ def split_forced_prefix(grammar: str, *, keep: Iterable[str] = ()) -> tuple[str,
     Args:
         grammar: a grammar with a `root` rule.
         keep: rules not to look into (the prefix stops where one of them starts).
+        at_space: end the prefix before its last space (the rest goes back into `rest`),
+            so no token of the whole text straddles the split: a byte-level BPE
+            pre-tokenizer (GPT-2, Qwen2, Llama 3) always starts a new piece at a space
+            after a non-space. A forced tool call needs this: its prefix and its
+            generated rest must tokenize as the whole call does when it is sent back.
 
     >>> split_forced_prefix(tool_call_grammar([{"name": "f", "parameters": {
     ...     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}]))[0]
@@ -430,9 +435,14 @@ def split_forced_prefix(grammar: str, *, keep: Iterable[str] = ()) -> tuple[str,
         else:
             break
     stripped = prefix.rstrip()
-    if stripped != prefix:
+    ends_at_space = stripped != prefix
+    if ends_at_space:
         tokens = [_literal(prefix[len(stripped):]), *tokens]
         prefix = stripped
+    k = prefix.rfind(" ") if at_space and not ends_at_space else -1
+    if k > 0 and "<" not in prefix[k:]:  # a token named by its text stays in the prefix
+        tokens = [_literal(prefix[k:]), *tokens]
+        prefix = prefix[:k]
     if not prefix:
         return "", grammar
     rules["root"] = _join(tokens)

@@ -27,12 +27,18 @@ async def pool_stream(
 ) -> AsyncGenerator[str | ChatResult, None]:
     """One pool generation as an async stream; cancelling `token` stops it at once.
 
-    `prefix` is given to the model as the start of its reply (continued, not closed).
+    `prefix` (a forced call's) is given to the model as the start of its reply: with a native
+    format as the pool's `opening` (tokenized as the template renders the call sent back),
+    else as a started assistant turn (continued, not closed).
     """
     kw = dict(plan.sampling)
     if grammar is not None:
         kw["grammar"] = grammar
-    msgs = plan.messages if prefix is None else [*plan.messages, {"role": "assistant", "content": prefix}]
+    msgs = plan.messages
+    if prefix is not None and plan.fmt.native:
+        kw["opening"] = prefix
+    elif prefix is not None:
+        msgs = [*plan.messages, {"role": "assistant", "content": prefix}]
     agen = pool.achat_stream(plan.agent_id, msgs, **kw)
     loop = asyncio.get_running_loop()
     current: list[asyncio.Future[Any]] = []

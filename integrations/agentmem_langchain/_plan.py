@@ -70,7 +70,8 @@ class _Call:
     fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
 
     def pool_messages(self) -> list[dict[str, Any]]:
-        if not self.prefix:
+        """The messages to send: a forced prefix as a started assistant turn, unless the pool gets it as `opening`."""
+        if not self.prefix or "opening" in self.sampling:
             return self.messages
         return [*self.messages, {"role": "assistant", "content": self.prefix}]
 
@@ -118,7 +119,10 @@ def plan_call(
 
         def forced(only: str | None = None) -> _Call:
             prefix, g = forced_call_grammar(fmt, tools_json, only, parallel)
-            return _Call(agent, msgs, {**sampling, "grammar": g}, "tools", prefix, names, fmt=fmt)
+            # a native call is sent back as `tool_calls`: the pool starts the reply with the
+            # prefix as the template renders it (`opening`), not as message text
+            opening = {"opening": prefix} if fmt.native else {}
+            return _Call(agent, msgs, {**sampling, "grammar": g, **opening}, "tools", prefix, names, fmt=fmt)
 
         if choice == "required":
             return forced()

@@ -71,3 +71,36 @@ def test_a_streamed_free_call_through_langchain_is_a_tool_call_only(instruct_mod
         assert [c["name"] for c in full.tool_calls] == ["lookup_metric"], full
         assert not full.response_metadata.get("retried_with_grammar"), full.response_metadata
         assert pool.stats()["totals"]["calls"] == 1  # no redo, no write-back call
+
+
+def test_the_call_after_a_forced_call_through_langchain_reuses_the_whole_call(instruct_model_path: Path) -> None:
+    """A call forced by name (`tool_choice`) is sent back as `tool_calls`; its KV must be what that renders.
+
+    Before: the forced prefix went into the prompt as assistant-message text (`<tool_call>`
+    as text tokens), and the next call re-prefilled the whole call (it kept the prompt + 3
+    of 45 new tokens on the tools app).
+    """
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    from agentmem_langchain import ChatAgentMem
+
+    @tool
+    def lookup_metric(metric: str) -> str:
+        """Look up the current value of a named service metric."""
+        return "412"
+
+    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=2) as pool:
+        chat = ChatAgentMem(pool=pool, agent_id="f", max_tokens=48)
+        msgs = [SystemMessage(MSGS[0]["content"]), HumanMessage(MSGS[1]["content"])]
+        ai = chat.bind_tools([lookup_metric], tool_choice="lookup_metric").invoke(msgs)
+        assert [c["name"] for c in ai.tool_calls] == ["lookup_metric"], ai
+        u1 = ai.usage_metadata
+        assert u1 is not None
+        after = chat.bind_tools([lookup_metric]).invoke(
+            [*msgs, ai, ToolMessage("412", tool_call_id=ai.tool_calls[0]["id"])], max_tokens=1)
+        u2 = after.usage_metadata
+        assert u2 is not None
+        # the prompt (which ends with the forced opening) and every token of the call are reused
+        assert u2["input_token_details"]["cache_read"] >= u1["input_tokens"] + u1["output_tokens"], (u1, u2)
