@@ -236,28 +236,16 @@ class MemoryPool(HintMethods):
         return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
 
     def complete(
-        self,
-        agent_id: str,
-        prompt: str,
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        stop: str | Sequence[str] | None = None,
-        **sampling: Any,
+        self, agent_id: str, prompt: str, *, max_tokens: int = 256, temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None, **sampling: Any,
     ) -> ChatResult:
         """Raw completion of `prompt` (no chat template) in `agent_id`'s context."""
         return self.complete_stream(agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
                                     **sampling).drain()
 
     def complete_stream(
-        self,
-        agent_id: str,
-        prompt: str,
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        stop: str | Sequence[str] | None = None,
-        **sampling: Any,
+        self, agent_id: str, prompt: str, *, max_tokens: int = 256, temperature: float = 0.0,
+        stop: str | Sequence[str] | None = None, **sampling: Any,
     ) -> ChatStream:
         """Streaming `complete`."""
         self._check_open()

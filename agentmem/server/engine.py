@@ -178,6 +178,8 @@ class Engine:
         pool = self._pool()
         if call.messages is not None:
             n = await asyncio.to_thread(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
+            if call.sampling.get("opening"):  # a forced call's opening, sent apart from the messages
+                n += len(pool.model.tokenize(call.sampling["opening"], parse_special=False))
         else:
             n = len((await asyncio.to_thread(pool.renderer.render_text, call.prompt or "")).tokens)
         if n > limit:
