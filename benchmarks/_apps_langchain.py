@@ -183,8 +183,12 @@ def _tool_agent(model: Any, *, answer_choice: Any, latency_s: float) -> Any:
 
 
 def run_tools(backend: Any, *, users: int, questions: int, latency_s: float, answer_choice: Any,
-              max_tokens: int, model_for: Callable[[str], Any] | None = None) -> tuple[list[Call], float]:
+              max_tokens: int, model_for: Callable[[str], Any] | None = None,
+              distinct: bool = False) -> tuple[list[Call], float]:
     """`users` threads at once, each asking `questions` questions of its own agent.
+
+    `distinct`: user `u` starts at question `u` (the list rotated), so users at the same
+    step ask different questions; by default every user asks the same ones in order.
 
     `model_for(agent)`: each user's own model object and app (a server client per
     agent); without it every user shares `backend.model` and one app.
@@ -199,7 +203,8 @@ def run_tools(backend: Any, *, users: int, questions: int, latency_s: float, ans
     def user(u: int) -> None:
         app = shared or _tool_agent(model_for(f"user-{u}"), answer_choice=answer_choice, latency_s=latency_s)
         rec = CallRecorder(backend, lambda s: None)
-        for qi, (q, _plan) in enumerate(QUESTIONS[:questions], start=1):
+        order = QUESTIONS[u % len(QUESTIONS):] + QUESTIONS[:u % len(QUESTIONS)] if distinct else QUESTIONS
+        for qi, (q, _plan) in enumerate(order[:questions], start=1):
             rec.task = qi
             cfg = {"configurable": {"thread_id": f"user-{u}"}, "callbacks": [rec], "recursion_limit": 20}
             for _ in app.stream({"messages": [HumanMessage(q)]}, cfg, stream_mode="messages"):

@@ -103,7 +103,8 @@ def run_server_app(app: str, vkey: str, args: argparse.Namespace) -> dict[str, A
             n_tasks = args.tasks
         else:
             calls, wall = L.run_tools(be, users=args.users, questions=args.questions, latency_s=args.tool_latency_s,
-                                      answer_choice="none", max_tokens=args.max_tokens, model_for=be.chat)
+                                      answer_choice="none", max_tokens=args.max_tokens, model_for=be.chat,
+                                      distinct=args.distinct_questions)
             n_tasks = args.users * args.questions
         row = _row(app, served.name, calls, wall, n_tasks, None)
         own = served.agents_summary()  # agentmem's own count: its prefill_tokens should match the usage-derived one
@@ -144,7 +145,8 @@ def run_app(app: str, vkey: str, args: argparse.Namespace) -> dict[str, Any] | s
         else:
             answer = "none" if v.kind == "agentmem" else None  # ChatLlamaCpp takes no "none": unforced = described only
             calls, wall = L.run_tools(be, users=args.users, questions=args.questions, latency_s=args.tool_latency_s,
-                                      answer_choice=answer, max_tokens=args.max_tokens)
+                                      answer_choice=answer, max_tokens=args.max_tokens,
+                                      distinct=args.distinct_questions)
             n_tasks = args.users * args.questions
         stats = be.pool.stats() if v.kind == "agentmem" else None
         return _row(app, v.name, calls, wall, n_tasks, stats)
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tasks", type=int, default=2, help="team: requests through the graph")
     ap.add_argument("--users", type=int, default=3, help="tools: users (agents) at once")
     ap.add_argument("--questions", type=int, default=2, help="tools: questions per user")
+    ap.add_argument("--distinct-questions", action="store_true",
+                    help="tools: users at the same step ask different questions (default: all ask the same ones)")
     ap.add_argument("--tool-latency-s", type=float, default=0.5)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--summary-model", default="gemma-3-270m", help="summary: a small model is enough (only the cache is measured)")
