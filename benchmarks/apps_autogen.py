@@ -173,7 +173,7 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
     resident = 5 if variant == "all-resident" else args.resident
     run = Run(variant)
     with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=resident, n_threads=args.threads,
-                    hints=variant != "no-hints") as pool:
+                    hints=variant != "no-hints", kv_layout=args.kv_layout) as pool:
 
         def on_result(agent_id: str, r: Any) -> None:
             run.calls += 1
@@ -386,6 +386,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--kv-layout", default="auto", choices=("auto", "unified", "per_sequence"),
+                    help="PoolConfig.kv_layout of the agentmem variants (per_sequence: a restored agent's cells do not mix with the others')")
     ap.add_argument("--server-resident", type=int, default=2,
                     help="serve / llama-server: agentmem --resident, llama-server -np (fewer than the 5 model users)")
     ap.add_argument("--cache-ram", type=int, default=2048, help="llama-server --cache-ram MiB")
