@@ -125,6 +125,14 @@ class Run:
     kv: dict[str, int] = field(default_factory=dict)  # calls by how their KV was found (agentmem)
     hints: dict[str, Any] = field(default_factory=dict)
 
+    def record(self, agent_id: str, r: Any) -> None:
+        """An agentmem client's `on_result`: count one pool call."""
+        self.calls += 1
+        self.ttft_s.append(r.timings.ttft_s)
+        self.decoded += r.usage.completion_tokens
+        self.restore_s += r.timings.restore_s
+        self.kv[r.kv] = self.kv.get(r.kv, 0) + 1
+
     def row(self) -> dict[str, Any]:
         t = sorted(self.ttft_s)
         p = (lambda q: t[min(len(t) - 1, int(q * len(t)))] if t else float("nan"))
@@ -174,18 +182,10 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
     run = Run(variant)
     with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=resident, n_threads=args.threads,
                     hints=variant != "no-hints", kv_layout=args.kv_layout) as pool:
-
-        def on_result(agent_id: str, r: Any) -> None:
-            run.calls += 1
-            run.ttft_s.append(r.timings.ttft_s)
-            run.decoded += r.usage.completion_tokens
-            run.restore_s += r.timings.restore_s
-            run.kv[r.kv] = run.kv.get(r.kv, 0) + 1
-
         clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}
         selector = AgentMemChatCompletionClient(pool, agent_id="selector", max_tokens=8, speaker_selection=True)
         for c in [*clients.values(), selector]:
-            c.on_result = on_result
+            c.on_result = run.record
         await run_tasks(build_team(clients, selector, make_tools(args.tool_ms / 1e3), args.turns), run,
                         TASKS[: args.tasks])
         s = pool.stats()
@@ -194,14 +194,17 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
     return run
 
 
-async def run_peer(args: argparse.Namespace) -> Run:
+def peer_client(args: argparse.Namespace, run: Run) -> Any:
+    """autogen-ext's `LlamaCppChatCompletionClient` on the model, counting into `run` from llama.cpp's own counters.
+
+    `defaults` are extra create args (max_tokens, temperature); `selection=True` adds the
+    selector's candidate grammar (the help agentmem's `speaker_selection` gives).
+    """
     import llama_cpp
     from autogen_ext.models.llama_cpp import LlamaCppChatCompletionClient
     from llama_cpp.llama_grammar import LlamaGrammar
 
     from agentmem import resolve_model_path
-
-    run = Run("peer")
 
     class Timed(LlamaCppChatCompletionClient):
         """The peer client plus default args, the selector's candidate grammar, and llama.cpp's own counters."""
@@ -232,8 +235,14 @@ async def run_peer(args: argparse.Namespace) -> Run:
     base = Timed(model_path=str(resolve_model_path(MODEL)), n_ctx=args.n_ctx, n_batch=512, n_threads=args.threads,
                  n_threads_batch=args.threads, flash_attn=True, verbose=False)
     base.defaults = {"max_tokens": args.max_tokens, "temperature": 0.0}
+    return base
 
-    def view(**defaults: Any) -> Timed:
+
+async def run_peer(args: argparse.Namespace) -> Run:
+    run = Run("peer")
+    base = peer_client(args, run)
+
+    def view(**defaults: Any) -> Any:
         import copy
 
         v = copy.copy(base)

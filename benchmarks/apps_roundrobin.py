@@ -36,12 +36,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import load, md_table, table  # noqa: E402
-from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, make_tools  # noqa: E402
+from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, make_tools, peer_client, run_tasks  # noqa: E402
 
 logger = logging.getLogger("apps_roundrobin")
 
@@ -61,17 +60,6 @@ def build_team(clients: dict[str, Any], tools: dict[str, list[Any]], turns: int)
     return RoundRobinGroupChat(agents, termination_condition=MaxMessageTermination(1 + turns))
 
 
-async def run_tasks(team: Any, run: Run, tasks: Sequence[str]) -> None:
-    from autogen_agentchat.messages import ToolCallRequestEvent
-
-    for task in tasks:
-        t0 = time.perf_counter()
-        result = await team.run(task=task)
-        run.task_wall_s.append(time.perf_counter() - t0)
-        run.tool_calls += sum(isinstance(m, ToolCallRequestEvent) for m in result.messages)
-        logger.info("%s: %r in %.1f s", run.variant, task, run.task_wall_s[-1])
-
-
 async def run_agentmem(variant: str, args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     from agentmem import MemoryPool
     from agentmem_autogen import AgentMemChatCompletionClient, follow
@@ -86,17 +74,9 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> tuple[Run, dic
                 opts["archive_path"] = os.path.join(tmp, "cold.db")
         with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=len(ROLES) if all_resident else args.resident,
                         n_threads=args.threads, hints=variant != "no-hints", **opts) as pool:
-
-            def on_result(agent_id: str, r: Any) -> None:
-                run.calls += 1
-                run.ttft_s.append(r.timings.ttft_s)
-                run.decoded += r.usage.completion_tokens
-                run.restore_s += r.timings.restore_s
-                run.kv[r.kv] = run.kv.get(r.kv, 0) + 1
-
             clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}
             for c in clients.values():
-                c.on_result = on_result
+                c.on_result = run.record
             team = build_team(clients, make_tools(args.tool_ms / 1e3), args.turns)
             if variant == "hints":
                 follow(team)
@@ -110,33 +90,8 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> tuple[Run, dic
 
 
 async def run_peer(args: argparse.Namespace) -> Run:
-    import llama_cpp
-    from autogen_ext.models.llama_cpp import LlamaCppChatCompletionClient
-
-    from agentmem import resolve_model_path
-
     run = Run("peer")
-
-    class Timed(LlamaCppChatCompletionClient):
-        """The peer client with fixed sampling and llama.cpp's own counters."""
-
-        async def create(self, messages: Any, **kw: Any) -> Any:  # type: ignore[override]
-            kw["extra_create_args"] = {"max_tokens": args.max_tokens, "temperature": 0.0,
-                                       **dict(kw.get("extra_create_args") or {})}
-            ctx = self.llm._ctx.ctx
-            before = llama_cpp.llama_perf_context(ctx)
-            t0 = time.perf_counter()
-            result = await super().create(messages, **kw)
-            wall = time.perf_counter() - t0
-            after = llama_cpp.llama_perf_context(ctx)
-            run.calls += 1
-            run.prefilled += after.n_p_eval - before.n_p_eval
-            run.decoded += after.n_eval - before.n_eval
-            run.ttft_s.append(max(0.0, wall - (after.t_eval_ms - before.t_eval_ms) / 1e3))
-            return result
-
-    base = Timed(model_path=str(resolve_model_path(MODEL)), n_ctx=args.n_ctx, n_batch=512, n_threads=args.threads,
-                 n_threads_batch=args.threads, flash_attn=True, verbose=False)
+    base = peer_client(args, run)  # one `Llama` for the whole team
     try:
         await run_tasks(build_team({n: base for n in ROLES}, make_tools(args.tool_ms / 1e3), args.turns), run,
                         TASKS[: args.tasks])
