@@ -157,6 +157,17 @@ CALL = toks('{"', "name", '":', ' "', "lookup", "_metric", '",', ' "', "argument
 CANONICAL = '<tool_call>\n{"name": "lookup_metric", "arguments": {"metric": "p99"}}\n</tool_call>'
 
 
+
+def drive(gen: Iterator[str]) -> tuple[list[str], Any]:
+    """The pieces a `_generate` generator yields, and the finish reason it returns."""
+    pieces = []
+    try:
+        while True:
+            pieces.append(next(gen))
+    except StopIteration as stop:
+        return pieces, stop.value
+
+
 def run(script: list[int], *, names: tuple[str, ...] | None = NAMES, **params: Any) -> tuple[list[str], str, Any, list[int]]:
     """Generate `script` through the turn loop: (streamed pieces, finish, what was used, ledger tokens)."""
     core = FakeCore()
@@ -171,12 +182,7 @@ def run(script: list[int], *, names: tuple[str, ...] | None = NAMES, **params: A
     completion: list[int] = []
     watch = bare_call_watch(HERMES, names) if names else None
     gen: Iterator[str] = runner._generate(a, script[0], object(), p, asm, completion, None, watch)  # type: ignore[arg-type]
-    pieces = []
-    try:
-        while True:
-            pieces.append(next(gen))
-    except StopIteration as stop:
-        finish = stop.value
+    pieces, finish = drive(gen)
     pieces.append(asm.flush())
     assert "".join(pieces) == asm.text, (pieces, asm.text)  # the stream is the text
     used = SimpleNamespace(core_=core, dec_=dec, completion_=completion, asm_=asm)

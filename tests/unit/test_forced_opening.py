@@ -26,7 +26,7 @@ from agentmem.pool.turn import TurnRunner
 from agentmem.tools.formats import get_tool_format
 from agentmem.tools.grammar import split_forced_prefix
 
-from tests.unit.test_canonical_calls import CANONICAL, VOCAB, FakeCore, FakeModel, ScriptDecoder, toks  # the toy vocabulary, fakes
+from tests.unit.test_canonical_calls import CANONICAL, VOCAB, FakeCore, FakeModel, ScriptDecoder, drive, toks  # the toy vocabulary, fakes
 
 HERMES = get_tool_format("hermes")
 CITY = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -73,12 +73,7 @@ def forced_run(script: list[int], **params: Any) -> SimpleNamespace:
     asm = TextAssembler(p.stop)
     completion: list[int] = []
     gen = runner._generate(a, script[0], object(), p, asm, completion, None, None, op)  # type: ignore[arg-type]
-    pieces = []
-    try:
-        while True:
-            pieces.append(next(gen))
-    except StopIteration as stop:
-        finish = stop.value
+    pieces, finish = drive(gen)
     pieces.append(asm.flush())
     assert "".join(pieces) == asm.text
     return SimpleNamespace(core=core, dec=dec, completion=completion, text=asm.text, finish=finish,

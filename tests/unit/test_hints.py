@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -230,13 +231,19 @@ def test_a_reply_that_calls_a_tool_holds_its_agent(tiny_model_path: Path) -> Non
         assert tiers(pool)["a"] == "hot" and tiers(pool)["b"] == "warm"
 
 
+def three_agents_on_two_sequences(pool: MemoryPool) -> Any:
+    """Agents a, b, c called once each (one of them parked), the prefetcher idle; its queue."""
+    for a in "abc":
+        pool.chat(a, conv(a, 0), max_tokens=2)
+    queue = pool._prefetcher.queue
+    assert queue is not None
+    queue.join()
+    return queue
+
+
 def test_expect_soon_restores_the_next_agent_in_the_background(tiny_model_path: Path) -> None:
     with MemoryPool(tiny_model_path, resident_agents=2, **OPTS) as pool:
-        for a in "abc":
-            pool.chat(a, conv(a, 0), max_tokens=2)
-        queue = pool._prefetcher.queue
-        assert queue is not None
-        queue.join()
+        queue = three_agents_on_two_sequences(pool)
         parked = [a for a, t in tiers(pool).items() if t == "warm"]
         assert len(parked) == 1
         pool.expect([parked[0]])
@@ -248,11 +255,7 @@ def test_expect_soon_restores_the_next_agent_in_the_background(tiny_model_path: 
 
 def test_a_prefetch_never_displaces_an_agent_expected_sooner(tiny_model_path: Path) -> None:
     with MemoryPool(tiny_model_path, resident_agents=2, **OPTS) as pool:
-        for a in "abc":
-            pool.chat(a, conv(a, 0), max_tokens=2)
-        queue = pool._prefetcher.queue
-        assert queue is not None
-        queue.join()
+        queue = three_agents_on_two_sequences(pool)
         t = tiers(pool)
         parked = next(a for a in t if t[a] == "warm")
         live = [a for a in t if t[a] == "hot"]
