@@ -312,6 +312,7 @@ class MemoryPool(HintMethods):
             if a.busy:
                 raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
             self._mover.forget(a)
+            self._hints.forget(agent_id)
 
     def park(self, agent_id: str, tier: str = "warm") -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""

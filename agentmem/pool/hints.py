@@ -8,7 +8,10 @@ was told:
 * **expected order** (`expect`): a list, first = runs next; an item is an agent
   id or a list of alternatives (a branch: a supervisor routes to one of its
   workers). An agent's *steps-to-next-use* is its item's position + 1, `math.inf`
-  when it is not listed. A call of a listed agent removes it from the list (the
+  when it is not listed; within a branch the alternative called longest ago (or
+  never) ranks soonest — a supervisor working through its workers and a selector
+  giving each speaker a turn both rotate — by a fraction of a step
+  (`i + 1 + rank / len(branch)`), so it is kept and the one just called is given up first. A call of a listed agent removes it from the list (the
   others move up); the alternatives it was chosen over move to the end. When a list
   exists, the sequence to give up is the one whose next use is furthest away
   (KVFlow's steps-to-execution rule, arXiv 2507.07400); without one, the learned
@@ -33,6 +36,10 @@ validates hints and ignores them (the no-hints side of a comparison).
 >>> h.arrive("w2", resident=False, has_state=True)
 >>> h.stats()["order"], h.steps("boss"), h.steps("w1")
 (['boss', ['w1', 'w3']], 1.0, 2.0)
+>>> h.arrive("w1", resident=True, has_state=True)    # not expected here: only its last call is noted
+>>> h.expect([["w1", "w2", "w3"]])                    # w3 never ran, w2 ran before w1
+>>> [h.steps(w) for w in ("w3", "w2", "w1")]
+[1.0, 1.3333333333333333, 1.6666666666666665]
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ class Hints:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.groups: list[list[str]] = []  # the expected order: one list of alternatives per step
+        self.last_call: dict[str, int] = {}  # agent -> number of its latest call (ranks a branch's alternatives)
+        self._calls = 0
         self.holds: dict[str, float] = {}  # agent -> deadline (clock seconds)
         self.restore_s_per_token = _RESTORE_S_PER_TOKEN
         self.prefill_s_per_token = _PREFILL_S_PER_TOKEN
@@ -149,12 +158,26 @@ class Hints:
     def steps(self, agent_id: str) -> float:
         """Calls until `agent_id` runs by the expected order (1 = next); `math.inf` if not listed.
 
-        Alternatives of one branch share their step.
+        Alternatives of one branch share their step, ranked within it by their last
+        call (longest ago first): `i + 1 + rank / len(branch)`, below the next step.
         """
         for i, g in enumerate(self.groups):
             if agent_id in g:
-                return float(i + 1)
+                if len(g) == 1:
+                    return float(i + 1)
+                last = self.last_call.get(agent_id, 0)
+                rank = sum(1 for x in g if (self.last_call.get(x, 0), g.index(x)) < (last, g.index(agent_id)))
+                return i + 1 + rank / len(g)
         return math.inf
+
+    def step_index(self, agent_id: str) -> int | None:
+        """The position of `agent_id`'s item in the expected order (0 = next), or None."""
+        return next((i for i, g in enumerate(self.groups) if agent_id in g), None)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop what is known of a deleted agent (its last call, its hold)."""
+        self.last_call.pop(agent_id, None)
+        self.holds.pop(agent_id, None)
 
     def info(self, core: PoolCore, a: AgentState) -> AgentInfo:
         """`core.info(a)` with `a`'s steps-to-next-use and hold: what the placement policy ranks."""
@@ -210,7 +233,9 @@ class Hints:
         Only calls of agents that had something kept are counted (`has_state`): a
         first call cannot find anything resident, whatever the hints said.
         """
-        at = next((i for i, g in enumerate(self.groups) if agent_id in g), None)
+        self._calls += 1
+        self.last_call[agent_id] = self._calls
+        at = self.step_index(agent_id)
         if at is not None:
             if has_state:
                 self.counters["expected"] += 1

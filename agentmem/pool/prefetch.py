@@ -93,7 +93,7 @@ class Prefetcher:
         if upcoming:
             return upcoming[0]
         guess = self.core.predictor.predict(agent_id)
-        return guess if guess is not None and hints.steps(guess) == 1.0 else None
+        return guess if guess is not None and hints.step_index(guess) == 0 else None
 
     def prefetch(self, agent_ids: Sequence[str]) -> None:
         """Queue restores of `agent_ids`, in order (no-op without the worker)."""

@@ -54,11 +54,30 @@ def test_a_branch_shares_one_step_and_its_alternatives_move_back_once_decided() 
     h = Hints(clock=Clock())
     h.expect([["w1", "w2", "w3"], "boss", ["w2", "x"], []])  # w2 keeps its first place; [] dropped
     assert h.stats()["order"] == [["w1", "w2", "w3"], "boss", "x"]
-    assert [h.steps(x) for x in ("w1", "w3", "boss", "x")] == [1.0, 1.0, 2.0, 3.0]
+    steps = [h.steps(x) for x in ("w1", "w2", "w3", "boss", "x")]
+    assert all(1.0 <= s < 2.0 for s in steps[:3]) and steps[3:] == [2.0, 3.0], "one step, a fraction apart"
     assert h.upcoming(2) == [], "a branch first: nothing certain to prefetch"
     h.arrive("w3", resident=True, has_state=True)
     assert h.stats()["order"] == ["boss", "x", ["w1", "w2"]]
     assert h.upcoming(2) == ["boss", "x"] and h.steps("w1") == 3.0
+
+
+def test_within_a_branch_the_alternative_called_longest_ago_ranks_soonest() -> None:
+    # a supervisor working through its workers: the one just called is the one given up first
+    h = Hints(clock=Clock())
+    for w in ("w1", "w2", "w3"):
+        h.arrive(w, resident=True, has_state=True)
+    h.expect([["w1", "w2", "w3"], "boss"])
+    assert [h.steps(w) for w in ("w1", "w2", "w3")] == [1.0, 1 + 1 / 3, 1 + 2 / 3]
+    h.arrive("w1", resident=True, has_state=True)  # decided: the others move back, still in turn order
+    assert h.stats()["order"] == ["boss", ["w2", "w3"]]
+    assert h.steps("w2") < h.steps("w3")
+    h.expect([["w1", "w2", "w3"]])
+    assert min(("w1", "w2", "w3"), key=h.steps) == "w2" and max(("w1", "w2", "w3"), key=h.steps) == "w1"
+    h.expect([["new", "w1"]])
+    assert h.steps("new") == 1.0, "an agent never called ranks first"
+    h.forget("w1")
+    assert "w1" not in h.last_call
 
 
 def test_after_a_call_the_prefetch_guesses_only_within_a_branch() -> None:
