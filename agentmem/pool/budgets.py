@@ -12,7 +12,7 @@ import logging
 from agentmem.errors import AgentMemError
 from agentmem.pool.hints import Hints
 from agentmem.pool.mover import Mover
-from agentmem.pool.state import PoolCore
+from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["Budgets"]
 
@@ -42,7 +42,11 @@ class Budgets:
         budget itself is rebalanced; crossing the high watermark is handled after
         the call, so demotion I/O does not delay a reply. Off the call path, WARM
         also keeps room for the largest state a switch could park next, so that
-        park does not push it over the budget mid-call.
+        park does not push it over the budget mid-call. Under an expected order the
+        state parked next is known (`next_out`): room is kept for it only when the
+        next call needs a sequence, and made only from states whose next use is
+        further away than its own — when it is the one needed last, nothing sooner
+        is given up for it (its park, over the budget, demotes it first).
         """
         core = self.core
         cfg = core.config
@@ -50,16 +54,30 @@ class Budgets:
             if not budget or tier not in core.tiers:
                 continue
             high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
+            out = self.next_out() if tier == "warm" and not urgent_only and self.hints.active else None
             if tier == "warm" and not urgent_only:
-                room = self.next_park_bytes()
+                if self.hints.active:  # the next park is known: room for it, or none needed
+                    room = core.ctx.state_size(out.seq) if out is not None and out.seq is not None else 0
+                else:
+                    room = self.next_park_bytes()
                 high, low = min(high, budget - room), min(low, budget - room)
-            if self.tier_bytes(tier) <= (budget if urgent_only else high):
-                continue
             t = core.tiers[tier]
             members = [core.agents[x] for x in t.agents() if x in core.agents and core.agents[x].tier == tier]
-            order = core.placement.release_order([self.hints.info(core, x) for x in members if not x.busy])
-            for info in order:
-                if self.tier_bytes(tier) <= (cfg.watermark_low * budget if urgent_only else low):
+            # a busy agent's state is on its way up (its call is restoring it): not counted
+            leaving = sum(t.nbytes(x.id) for x in members if x.busy)
+
+            def used() -> int:
+                return self.tier_bytes(tier) - leaving
+
+            if used() <= (budget if urgent_only else high):
+                continue
+            infos = [self.hints.info(core, x) for x in members if not x.busy]
+            if out is not None:
+                infos.append(self.hints.info(core, out))
+            for info in core.placement.release_order(infos):
+                if out is not None and info.id == out.id:
+                    break  # the rest is needed sooner than the state the room is for
+                if used() <= (cfg.watermark_low * budget if urgent_only else low):
                     break
                 x = core.agents[info.id]
                 if tier == "warm" and "cold" in core.tiers:
@@ -79,6 +97,24 @@ class Budgets:
             return n + core.blocks.ram_bytes()
         assert core.archive is not None
         return n + sum(b.n_bytes for b in core.archive.list_shared_blocks())
+
+    def next_out(self) -> AgentState | None:
+        """Under an expected order: the idle resident agent the next call would park, or None.
+
+        None when the next step's agents are all resident (the next call parks
+        nobody); else the first idle resident agent (with cells) in release order,
+        the next step's own agents excepted.
+        """
+        core, hints = self.core, self.hints
+        first = hints.groups[0] if hints.groups else []
+        if all(x in core.agents and core.agents[x].seq is not None for x in first):
+            return None
+        idle = [x for x in core.agents.values()
+                if x.seq is not None and not x.busy and x.ledger.n_live and x.id not in first]
+        if not idle:
+            return None
+        out = core.placement.release_order([hints.info(core, x) for x in idle])[0]
+        return core.agents[out.id]
 
     def next_park_bytes(self) -> int:
         """f16 bytes of the largest idle resident state: what the next switch may park."""

@@ -1,0 +1,98 @@
+"""`Budgets` under workflow hints, on fakes: which parked state the WARM budget gives up, and when.
+
+Measured on the LangGraph team under a RAM budget (docs/benchmarks.md, "Framework apps
+and workflow hints"): each rule below removed a re-prefill that the hints should have
+prevented.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from agentmem.policy.placement import AgentInfo, get_policy
+from agentmem.pool.budgets import Budgets
+from agentmem.pool.hints import Hints
+
+
+class FakeTier:
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = dict(sizes)
+
+    def agents(self) -> Any:
+        return iter(list(self.sizes))
+
+    def nbytes(self, agent_id: str) -> int:
+        return self.sizes.get(agent_id, 0)
+
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def delete(self, agent_id: str) -> None:
+        self.sizes.pop(agent_id, None)
+
+
+class FakeMover:
+    def __init__(self, core: Any) -> None:
+        self.core, self.dropped = core, []
+
+    def drop(self, a: Any) -> None:
+        self.core.tiers["warm"].delete(a.id)
+        a.tier = "empty"
+        self.dropped.append(a.id)
+
+
+def pool(*, budget: int, warm: dict[str, int], live: dict[str, int], busy: set[str] = frozenset(),
+         idle: dict[str, float] | None = None) -> tuple[Budgets, FakeMover, Hints]:
+    """A pool core with `warm` parked states (bytes) and `live` resident agents (state bytes)."""
+    idle = idle or {}
+    agents = {}
+    for i, (x, n) in enumerate(live.items()):
+        agents[x] = SimpleNamespace(id=x, tier="hot", seq=i, busy=x in busy, ledger=SimpleNamespace(n_live=10))
+    for x in warm:
+        agents[x] = SimpleNamespace(id=x, tier="warm", seq=None, busy=x in busy, ledger=SimpleNamespace(n_live=10))
+    sizes_by_seq = {i: n for i, n in enumerate(live.values())}
+    core = SimpleNamespace(
+        config=SimpleNamespace(warm_budget_bytes=budget, cold_budget_bytes=0, watermark_high=0.9, watermark_low=0.7),
+        tiers={"warm": FakeTier(warm)}, agents=agents, blocks=SimpleNamespace(ram_bytes=lambda: 0),
+        ctx=SimpleNamespace(state_size=lambda seq: sizes_by_seq[seq]), placement=get_policy("lru"),
+        info=lambda a: AgentInfo(a.id, a.tier, 0, 10, 1, idle.get(a.id, 1.0), 1, math.inf),
+    )
+    hints = Hints(clock=lambda: 0.0)
+    mover = FakeMover(core)
+    return Budgets(core, mover, hints), mover, hints  # type: ignore[arg-type]
+
+
+def test_a_state_being_restored_does_not_count_against_the_budget() -> None:
+    # a call restoring r parks the live agent first: WARM briefly holds r, c and w. r is
+    # on its way out; counting it dropped c and w both (team app, WARM 16 MiB)
+    b, mover, _ = pool(budget=100, warm={"r": 45, "c": 30, "w": 30}, live={"s": 30}, busy={"r"})
+    b.rebalance(urgent_only=True)
+    assert mover.dropped == []
+    b, mover, _ = pool(budget=100, warm={"r": 45, "c": 30, "w": 30}, live={"s": 30})
+    b.rebalance(urgent_only=True)
+    assert mover.dropped, "an idle r counts: over the budget, something goes"
+
+
+def test_no_room_is_kept_when_the_next_call_needs_no_sequence() -> None:
+    # the researcher called its tool: it or the supervisor runs next, both live. Keeping
+    # room for a park that will not come dropped the writer's state (team app, WARM 20 MiB)
+    b, mover, hints = pool(budget=70, warm={"c": 30, "w": 30}, live={"s": 30, "r": 30})
+    hints.expect([["s", "r"], ["c", "w"]])
+    b.rebalance()
+    assert mover.dropped == []
+    b, mover, _ = pool(budget=70, warm={"c": 30, "w": 30}, live={"s": 30, "r": 30})
+    b.rebalance()  # no hints: room for the largest live state, as before
+    assert len(mover.dropped) == 1
+
+
+def test_room_for_the_next_park_comes_only_from_states_needed_later() -> None:
+    # c runs next and needs a sequence; r (not expected) is the one it parks. Room for r
+    # may cost x (not expected either, idle longer) but not w, which is expected
+    b, mover, hints = pool(budget=70, warm={"c": 30, "w": 30, "x": 10}, live={"s": 30, "r": 30},
+                           idle={"x": 50.0, "r": 5.0})
+    hints.expect([["c", "w"], "s"])
+    assert b.next_out().id == "r"
+    b.rebalance()
+    assert mover.dropped == ["x"], "x before r in release order; w is needed sooner than r: kept"
