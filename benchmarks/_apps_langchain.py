@@ -53,17 +53,22 @@ VARIANTS = {
 }
 
 
-def _agentmem_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int) -> Any:
+def _agentmem_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int,
+                      warm_mib: float = 0.0) -> Any:
     # no hints: none sent (`workflow_hints=False`) and the pool's own hold after a tool call
-    # off too (`PoolConfig.hints=False`): the pool as it was before hints, learned predictor only
+    # off too (`PoolConfig.hints=False`): the pool as it was before hints, learned predictor only.
+    # warm_mib: RAM for parked states (no archive: a state over it is dropped and re-prefilled);
+    # the all-resident variant parks nothing and has none
+    opts = {"warm_budget_bytes": int(warm_mib * 2**20)} if warm_mib and not v.all_resident else {}
     return team_app.AgentMemBackend(model=model, threads=threads, resident=n_agents if v.all_resident else resident,
-                                    hints=v.hints, max_tokens=max_tokens)
+                                    hints=v.hints, max_tokens=max_tokens, pool_options=opts)
 
 
-def make_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int) -> Any:
+def make_backend(v: Variant, *, model: str, threads: int, resident: int, n_agents: int, max_tokens: int,
+                 warm_mib: float = 0.0) -> Any:
     if v.kind == "agentmem":
         return _agentmem_backend(v, model=model, threads=threads, resident=resident, n_agents=n_agents,
-                                 max_tokens=max_tokens)
+                                 max_tokens=max_tokens, warm_mib=warm_mib)
     from langgraph_team_baseline import ChatLlamaCppBackend
 
     return LockedLlamaCpp(ChatLlamaCppBackend(model=model, threads=threads, max_tokens=max_tokens))

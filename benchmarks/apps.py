@@ -79,6 +79,7 @@ def _row(app: str, variant: str, calls: list[Any], wall_s: float, n_tasks: int, 
         "hint_hit_rate": round(hints["hit_rate"], 3) if hints.get("expected") else "n/a",
         "holds": hints.get("holds", "n/a"),
         "restores": (stats or {}).get("totals", {}).get("restores", "n/a"),
+        "drops": (stats or {}).get("totals", {}).get("drops", "n/a"),
         "tool_calls": "n/a",
         "load_after": load(),
     }
@@ -137,7 +138,7 @@ def run_app(app: str, vkey: str, args: argparse.Namespace) -> dict[str, Any] | s
     v = L.VARIANTS[vkey]
     n_agents = 4 if app == "team" else args.users
     be = L.make_backend(v, model=args.model, threads=args.threads, resident=args.resident, n_agents=n_agents,
-                        max_tokens=args.max_tokens)
+                        max_tokens=args.max_tokens, warm_mib=args.warm_mib)
     try:
         if app == "team":
             calls, wall = L.run_team(be, tasks=args.tasks, max_tokens=args.max_tokens)
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--distinct-questions", action="store_true",
                     help="tools: users at the same step ask different questions (default: all ask the same ones)")
     ap.add_argument("--tool-latency-s", type=float, default=0.5)
+    ap.add_argument("--warm-mib", type=float, default=0.0,
+                    help="agentmem: RAM for parked states, no archive (0 = unlimited; not for `resident`)")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--summary-model", default="gemma-3-270m", help="summary: a small model is enough (only the cache is measured)")
     ap.add_argument("--cache-ram", type=int, default=2048, help="llama-server --cache-ram MiB")
@@ -221,9 +224,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.threads = args.threads or default_threads()
     args.model = str(resolve_model_path(args.model))
     say(f"# python benchmarks/apps.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
-    say(f"# apps on {Path(args.model).name}, threads={args.threads}, load {load()}, resident={args.resident}")
+    say(f"# apps on {Path(args.model).name}, threads={args.threads}, load {load()}, resident={args.resident}"
+        + (f", WARM {args.warm_mib} MiB (no archive: drops re-prefill)" if args.warm_mib else ""))
     rows: list[dict[str, Any]] = []
-    results: dict[str, Any] = {"load_at_start": load(), "threads": args.threads, "model": Path(args.model).name}
+    results: dict[str, Any] = {"load_at_start": load(), "threads": args.threads, "model": Path(args.model).name,
+                               "warm_mib": args.warm_mib or None}
     for app in (a for a in apps if a in ("team", "tools")):
         for vkey in variants:
             t0 = time.perf_counter()
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"({time.perf_counter() - t0:.0f} s, load {load()})")
     if rows:
         keys = ["app", "variant", "calls", "tool_calls", "wall_s_per_task", "prefilled_tokens", "ttft_p50_ms",
-                "ttft_p99_ms", "hint_hit_rate", "holds", "restores"]
+                "ttft_p99_ms", "hint_hit_rate", "holds", "restores", "drops"]
         say(table(keys, [[r[k] for k in keys] for r in rows]))
         if _ratios(rows):
             say(table(["app", "variant", "wall vs hints", "prefilled vs hints", "p99 TTFT vs hints"], _ratios(rows)))

@@ -46,6 +46,7 @@ import re
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -124,6 +125,7 @@ class Run:
     restore_s: float = 0.0  # restore time spent inside calls (agentmem; what prefetch and holds remove)
     kv: dict[str, int] = field(default_factory=dict)  # calls by how their KV was found (agentmem)
     hints: dict[str, Any] = field(default_factory=dict)
+    drops: int = 0  # states given up under --warm-mib without an archive (agentmem)
 
     def record(self, agent_id: str, r: Any) -> None:
         """An agentmem client's `on_result`: count one pool call."""
@@ -141,7 +143,7 @@ class Run:
             "wall_s": round(sum(self.task_wall_s), 2), "task_wall_s": [round(x, 2) for x in self.task_wall_s],
             "prefilled_tokens": self.prefilled, "decoded_tokens": self.decoded, "ttft_p50_ms": round(1e3 * statistics.median(t), 1) if t else None,
             "ttft_p99_ms": round(1e3 * p(0.99), 1), "hint_hit_rate": self.hints.get("hit_rate"),
-            "restore_in_calls_ms": round(1e3 * self.restore_s, 1), "kv": dict(self.kv),
+            "restore_in_calls_ms": round(1e3 * self.restore_s, 1), "kv": dict(self.kv), "drops": self.drops,
             "hints": {k: self.hints.get(k) for k in ("expected", "hits", "holds", "hold_hits", "hold_expired")},
         }
 
@@ -174,14 +176,26 @@ async def run_tasks(team: Any, run: Run, tasks: Sequence[str]) -> None:
                     [m.source for m in result.messages[1:]])
 
 
+def budget_options(args: argparse.Namespace, tmp: str, *, all_resident: bool) -> dict[str, Any]:
+    """`MemoryPool` settings of `--warm-mib` / `--archive` (none for the all-resident variant)."""
+    opts: dict[str, Any] = {}
+    if not all_resident and args.warm_mib:
+        opts["warm_budget_bytes"] = int(args.warm_mib * 2**20)
+        if args.archive:
+            opts["archive_path"] = os.path.join(tmp, "cold.db")
+    return opts
+
+
 async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
     from agentmem import MemoryPool
     from agentmem_autogen import AgentMemChatCompletionClient
 
     resident = 5 if variant == "all-resident" else args.resident
     run = Run(variant)
-    with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=resident, n_threads=args.threads,
-                    hints=variant != "no-hints", kv_layout=args.kv_layout) as pool:
+    with tempfile.TemporaryDirectory() as tmp, \
+            MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=resident, n_threads=args.threads,
+                       hints=variant != "no-hints", kv_layout=args.kv_layout,
+                       **budget_options(args, tmp, all_resident=variant == "all-resident")) as pool:
         clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}
         selector = AgentMemChatCompletionClient(pool, agent_id="selector", max_tokens=8, speaker_selection=True)
         for c in [*clients.values(), selector]:
@@ -191,6 +205,7 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> Run:
         s = pool.stats()
         run.prefilled = s["totals"]["prefill_tokens"]
         run.hints = s["hints"]
+        run.drops = s["totals"].get("drops", 0)
     return run
 
 
@@ -366,13 +381,15 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         rs = [r for r in rows if r["variant"] == v]
         by[v] = {k: sum(r[k] or 0 for r in rs) / len(rs) for k in ("wall_s", "ttft_p99_ms", "prefilled_tokens")}
     heads = ["variant", "calls", "tool calls", "wall s", "per task s", "prefilled", "decoded", "TTFT p50 ms", "TTFT p99 ms",
-             "hint hit rate", "restore in calls ms"]
+             "hint hit rate", "restore in calls ms", "drops"]
     body = [[r["variant"], r["calls"], r["tool_calls"], r["wall_s"], " / ".join(map(str, r["task_wall_s"])),
              r["prefilled_tokens"], r.get("decoded_tokens"), r["ttft_p50_ms"], r["ttft_p99_ms"],
              "-" if r["hint_hit_rate"] is None else f"{r['hint_hit_rate']:.2f}",
-             r["restore_in_calls_ms"] if r["variant"] not in ("peer", *SERVER_VARIANTS) else "-"] for r in rows]
+             r["restore_in_calls_ms"] if r["variant"] not in ("peer", *SERVER_VARIANTS) else "-", r.get("drops", 0)]
+            for r in rows]
     servers = f" (servers: {meta['server_resident']})" if any(r["variant"] in SERVER_VARIANTS for r in rows) else ""
-    out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']}{servers} of 5 model users", "",
+    budget = f" · WARM {meta['warm_mib']} MiB, archive {meta['archive']}" if meta.get("warm_mib") else ""
+    out = [f"load {meta['load']} · threads {meta['threads']} · resident {meta['resident']}{servers} of 5 model users{budget}", "",
            table(heads, body), "", md_table(heads, body)]
     ratios = []
     for a, b, what in [("hints", "all-resident", "ttft_p99_ms"), ("hints", "no-hints", "wall_s"),
@@ -393,6 +410,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--resident", type=int, default=3, help="live sequences for the hints/no-hints variants")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
+    ap.add_argument("--warm-mib", type=float, default=0.0,
+                    help="RAM for parked states (0 = unlimited; the all-resident variant has none)")
+    ap.add_argument("--archive", action="store_true", help="with --warm-mib: demote to a SQLite COLD tier instead of dropping")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--kv-layout", default="auto", choices=("auto", "unified", "per_sequence"),
@@ -427,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         rows.append(run.row())
         logger.info("%s", rows[-1])
     meta = {"load": load(), "threads": args.threads, "resident": args.resident, "server_resident": args.server_resident,
-            "model": MODEL,
+            "model": MODEL, "kv_layout": args.kv_layout, "warm_mib": args.warm_mib or None,
+            "archive": ("sqlite" if args.archive else "none (drop)") if args.warm_mib else None,
             "tasks": args.tasks, "turns": args.turns, "tool_ms": args.tool_ms, "max_tokens": args.max_tokens}
     logger.info("\n%s", report(rows, meta))
     if args.json:

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import load, md_table, table  # noqa: E402
-from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, make_tools, peer_client, run_tasks  # noqa: E402
+from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, budget_options, make_tools, peer_client, run_tasks  # noqa: E402
 
 logger = logging.getLogger("apps_roundrobin")
 
@@ -67,11 +67,7 @@ async def run_agentmem(variant: str, args: argparse.Namespace) -> tuple[Run, dic
     all_resident = variant == "all-resident"
     run = Run(variant)
     with tempfile.TemporaryDirectory() as tmp:
-        opts: dict[str, Any] = {}
-        if not all_resident:
-            opts["warm_budget_bytes"] = int(args.warm_mib * 2**20)
-            if args.archive:
-                opts["archive_path"] = os.path.join(tmp, "cold.db")
+        opts = budget_options(args, tmp, all_resident=all_resident)
         with MemoryPool(MODEL, n_ctx=args.n_ctx, resident_agents=len(ROLES) if all_resident else args.resident,
                         n_threads=args.threads, hints=variant != "no-hints", **opts) as pool:
             clients = {n: AgentMemChatCompletionClient(pool, agent_id=n, max_tokens=args.max_tokens) for n in ROLES}

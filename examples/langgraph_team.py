@@ -264,12 +264,15 @@ class AgentMemBackend:
 
     name = "agentmem ChatAgentMem"
 
-    def __init__(self, *, model: str, threads: int, resident: int, hints: bool = True, max_tokens: int = 40) -> None:
+    def __init__(self, *, model: str, threads: int, resident: int, hints: bool = True, max_tokens: int = 40,
+                 pool_options: dict[str, Any] | None = None) -> None:
         from agentmem import MemoryPool
         from agentmem_langchain import ChatAgentMem
 
-        # hints=False: none sent, and the pool ignores its own (the hold after a tool call)
-        self.pool = MemoryPool(model, n_ctx=8192, resident_agents=resident, n_threads=threads, hints=hints)
+        # hints=False: none sent, and the pool ignores its own (the hold after a tool call);
+        # pool_options: more `MemoryPool` settings (a RAM budget, an archive)
+        self.pool = MemoryPool(model, n_ctx=8192, resident_agents=resident, n_threads=threads, hints=hints,
+                               **(pool_options or {}))
         self.model = ChatAgentMem(pool=self.pool, workflow_hints=hints, max_tokens=max_tokens)
         self.hints = hints
 
