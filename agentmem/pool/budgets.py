@@ -101,12 +101,12 @@ class Budgets:
     def next_out(self) -> AgentState | None:
         """Under an expected order: the idle resident agent the next call would park, or None.
 
-        None when the next step's agents are all resident (the next call parks
-        nobody); else the first idle resident agent (with cells) in release order,
-        the next step's own agents excepted.
+        None when the next step's agents (of every scope) are all resident (the next
+        call parks nobody); else the first idle resident agent (with cells) in release
+        order, the next step's own agents excepted.
         """
         core, hints = self.core, self.hints
-        first = hints.groups[0] if hints.groups else []
+        first = hints.next_step()
         if all(x in core.agents and core.agents[x].seq is not None for x in first):
             return None
         idle = [x for x in core.agents.values()

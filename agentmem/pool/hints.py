@@ -64,6 +64,7 @@ __all__ = [
     "HOLD_MIN_S",
     "HOLD_SCALE",
     "MAX_EXPECTED",
+    "MAX_SCOPES",
     "MAX_TTL_S",
     "HintMethods",
     "Hints",
@@ -74,6 +75,8 @@ logger = logging.getLogger(__name__)
 
 #: Most agent ids one `expect` call may list.
 MAX_EXPECTED = 1024
+#: Most scopes (graph threads, teams) with an expected order of their own; the oldest goes first.
+MAX_SCOPES = 1024
 #: Longest TTL a caller may give `hold` (seconds).
 MAX_TTL_S = 3600.0
 #: A default hold lasts `HOLD_SCALE` x the agent's estimated reload time ...
@@ -119,7 +122,9 @@ class Hints:
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.groups: list[list[str]] = []  # the expected order: one list of alternatives per step
+        # the expected orders, one per scope (a graph thread, a team): one list of alternatives per step
+        self.orders: dict[str, list[list[str]]] = {}
+        self.scope = ""  # the scope told last (its order is what `upcoming` and `order` read)
         self.last_call: dict[str, int] = {}  # agent -> number of its latest call (ranks a branch's alternatives)
         self._calls = 0
         self.holds: dict[str, float] = {}  # agent -> deadline (clock seconds)
@@ -134,17 +139,24 @@ class Hints:
     @property
     def active(self) -> bool:
         """True while an expected order exists (the placement then uses steps-to-next-use)."""
-        return bool(self.groups)
+        return bool(self.orders)
+
+    @property
+    def groups(self) -> list[list[str]]:
+        """The expected order of the scope told last (one list of alternatives per step)."""
+        return self.orders.get(self.scope, [])
 
     @property
     def order(self) -> list[str]:
-        """The expected agents, flattened (alternatives of one step in the order given)."""
+        """The expected agents of the scope told last, flattened (alternatives in the order given)."""
         return [x for g in self.groups for x in g]
 
-    def expect(self, items: Sequence[str | Sequence[str]]) -> None:
-        """Replace the expected order: each item an agent id or a list of alternatives (a branch).
+    def expect(self, items: Sequence[str | Sequence[str]], *, scope: str = "") -> None:
+        """Replace `scope`'s expected order: each item an agent id or a list of alternatives (a branch).
 
-        Duplicates keep their first place; an empty branch is dropped.
+        Duplicates keep their first place; an empty branch is dropped. Each scope (a
+        graph's thread, a team) keeps its own order; the oldest is forgotten past
+        `MAX_SCOPES`.
         """
         seen: set[str] = set()
         groups: list[list[str]] = []
@@ -153,26 +165,41 @@ class Hints:
             seen.update(g)
             if g:
                 groups.append(g)
-        self.groups = groups
+        self.orders.pop(scope, None)  # re-inserted last: the most recently told scope
+        if groups:
+            self.orders[scope] = groups
+        self.scope = scope
+        while len(self.orders) > MAX_SCOPES:
+            del self.orders[next(iter(self.orders))]
 
     def steps(self, agent_id: str) -> float:
-        """Calls until `agent_id` runs by the expected order (1 = next); `math.inf` if not listed.
+        """Calls until `agent_id` runs by the expected orders (1 = next); `math.inf` if not listed.
 
         Alternatives of one branch share their step, ranked within it by their last
         call (longest ago first): `i + 1 + rank / len(branch)`, below the next step.
+        Under several scopes: the soonest of them.
         """
-        for i, g in enumerate(self.groups):
-            if agent_id in g:
-                if len(g) == 1:
-                    return float(i + 1)
-                last = self.last_call.get(agent_id, 0)
-                rank = sum(1 for x in g if (self.last_call.get(x, 0), g.index(x)) < (last, g.index(agent_id)))
-                return i + 1 + rank / len(g)
-        return math.inf
+        best = math.inf
+        for groups in self.orders.values():
+            for i, g in enumerate(groups):
+                if agent_id in g:
+                    if len(g) == 1:
+                        best = min(best, float(i + 1))
+                    else:
+                        last = self.last_call.get(agent_id, 0)
+                        rank = sum(1 for x in g if (self.last_call.get(x, 0), g.index(x)) < (last, g.index(agent_id)))
+                        best = min(best, i + 1 + rank / len(g))
+                    break
+        return best
 
     def step_index(self, agent_id: str) -> int | None:
-        """The position of `agent_id`'s item in the expected order (0 = next), or None."""
-        return next((i for i, g in enumerate(self.groups) if agent_id in g), None)
+        """The position of `agent_id`'s item in the expected orders (0 = next; the soonest), or None."""
+        at = [i for groups in self.orders.values() for i, g in enumerate(groups) if agent_id in g]
+        return min(at) if at else None
+
+    def next_step(self) -> set[str]:
+        """The agents of every scope's first step: those the next call may be for."""
+        return {x for groups in self.orders.values() if groups for x in groups[0]}
 
     def forget(self, agent_id: str) -> None:
         """Drop what is known of a deleted agent (its last call, its hold)."""
@@ -235,16 +262,22 @@ class Hints:
         """
         self._calls += 1
         self.last_call[agent_id] = self._calls
-        at = self.step_index(agent_id)
-        if at is not None:
-            if has_state:
-                self.counters["expected"] += 1
-                self.counters["hits" if resident else "misses"] += 1
+        listed = False
+        for scope, groups in list(self.orders.items()):
+            at = next((i for i, g in enumerate(groups) if agent_id in g), None)
+            if at is None:
+                continue
+            listed = True
             # the branch is decided: its other alternatives may still run, but only after
             # everything else that is expected
-            rest = [x for x in self.groups.pop(at) if x != agent_id]
+            rest = [x for x in groups.pop(at) if x != agent_id]
             if rest:
-                self.groups.append(rest)
+                groups.append(rest)
+            if not groups:
+                del self.orders[scope]
+        if listed and has_state:
+            self.counters["expected"] += 1
+            self.counters["hits" if resident else "misses"] += 1
         if self.holds.pop(agent_id, None) is not None and has_state:
             self.counters["hold_hits"] += resident
 
@@ -265,6 +298,7 @@ class Hints:
             **c,
             "hit_rate": c["hits"] / c["expected"] if c["expected"] else 0.0,
             "order": [g[0] if len(g) == 1 else list(g) for g in self.groups],
+            "scopes": len(self.orders),
             "held": sorted(a for a, d in self.holds.items() if d > now),
             "restore_ms_per_1k_tokens": 1e6 * self.restore_s_per_token,
         }
@@ -297,10 +331,12 @@ class HintMethods:
 
     _check_open: Callable[[], None]  # the facade's method
 
-    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True) -> None:
+    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True, scope: str | None = None) -> None:
         """Tell the pool which agents run next, in order (first = next call).
 
-        The list replaces the previous one. While it is not empty, the sequence given
+        The list replaces the previous one of the same `scope`: independent workflows
+        on one pool (a graph's threads, several teams) each keep their own order, and an
+        agent's next use is the soonest any of them expects. While it is not empty, the sequence given
         up when another agent needs one — and the parked state demoted first under
         `warm_budget_bytes` — is that of the agent whose next use is furthest away
         (an agent not listed: furthest of all); each call of a listed agent takes it
@@ -318,9 +354,11 @@ class HintMethods:
             agent_ids: distinct agent ids or lists of them, next first (at most
                 `MAX_EXPECTED` ids in all).
             soon: prefetch the first ones now.
+            scope: the workflow this order belongs to (an id, like a LangGraph
+                `thread_id`); `None`: the pool's default scope.
 
         Raises:
-            ConfigError: a malformed agent id, a non-list, too many ids, or a non-bool `soon`.
+            ConfigError: a malformed agent id or scope, a non-list, too many ids, or a non-bool `soon`.
 
         >>> pool.expect(["coder", ["researcher", "writer"], "supervisor"])  # doctest: +SKIP
         """
@@ -340,11 +378,13 @@ class HintMethods:
                 raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got more")
         if not isinstance(soon, bool):
             raise ConfigError(f"soon must be a bool, got {soon!r}")
+        if scope is not None:
+            check.agent_id(scope, field="scope")
         core = self._core
         if not core.config.hints:
             return
         with core.lock:
-            self._hints.expect(items)
+            self._hints.expect(items, scope=scope or "")
             first = self._hints.upcoming(core.config.resident_agents)
         if soon:
             self._prefetcher.prefetch(first)

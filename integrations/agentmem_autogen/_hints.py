@@ -83,14 +83,14 @@ async def _tell(pool: MemoryPool, method: str, *args: Any, **kw: Any) -> None:
 
 async def selection_started(pool: MemoryPool, selector_id: str, candidates: Sequence[str]) -> None:
     """Before a selection call: the selector runs, then one of the candidates (a branch: nothing guessed is prefetched)."""
-    await _tell(pool, "expect", [selector_id, _ids_for(pool, candidates)], soon=True)
+    await _tell(pool, "expect", [selector_id, _ids_for(pool, candidates)], soon=True, scope=selector_id)
 
 
 async def selection_done(pool: MemoryPool, selector_id: str, reply: str, candidates: Sequence[str]) -> None:
     """After a selection call: the chosen speaker runs next (restored now), then the selector."""
     chosen = reply.strip().strip("'\"` .")
     if chosen in candidates:
-        await _tell(pool, "expect", [*_ids_for(pool, [chosen]), selector_id], soon=True)
+        await _tell(pool, "expect", [*_ids_for(pool, [chosen]), selector_id], soon=True, scope=selector_id)
 
 
 async def hold_after_call(pool: MemoryPool, agent_id: str) -> None:
@@ -150,6 +150,8 @@ def follow(team: Any) -> Any:
     selector = getattr(team, "_model_client", None)
     selector_id = selector.agent_id if _is_agentmem_client(selector) else None
     round_robin = isinstance(team, RoundRobinGroupChat)
+    # the team's own expected order on the pool (a selector's hints share its scope)
+    scope = selector_id if selector_id is not None else f"autogen-team-{id(team):x}"
 
     async def tell(speakers: list[str] | str) -> None:
         chosen = [speakers] if isinstance(speakers, str) else list(speakers)
@@ -165,7 +167,7 @@ def follow(team: Any) -> Any:
         if selector_id is not None and _is_agentmem_client(selector):
             by_pool.setdefault(id(selector.pool), (selector.pool, []))[1].append(selector_id)
         for pool, ids in by_pool.values():
-            await _tell(pool, "expect", ids, soon=True)
+            await _tell(pool, "expect", ids, soon=True, scope=scope)
 
     make_factory = team._create_group_chat_manager_factory
 

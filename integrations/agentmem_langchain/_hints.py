@@ -22,6 +22,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Mapping
 
+import agentmem.validation as check
 from agentmem import AgentMemError, MemoryPool
 
 from ._identity import node_path, with_node
@@ -51,6 +52,19 @@ def hold_after_reply(pool: MemoryPool, agent_id: str, ends_in_tool_call: bool) -
     """Hold `agent_id` resident when its reply ended in a tool call (TTL from its reload cost)."""
     if ends_in_tool_call:
         _hint(pool, "hold", agent_id, ttl_s=None)
+
+
+def thread_scope(config: Mapping[str, Any]) -> str | None:
+    """The hint scope of a run: its LangGraph `thread_id` (each thread keeps its own expected
+    order on the pool), or None (the pool's default scope) without a usable one."""
+    conf = config.get("configurable") if isinstance(config, Mapping) else None
+    thread = conf.get("thread_id") if isinstance(conf, Mapping) else None
+    if thread is None:
+        return None
+    try:
+        return check.agent_id(str(thread), field="thread_id")
+    except AgentMemError:
+        return None
 
 
 class GraphFollower:
@@ -161,7 +175,7 @@ class GraphFollower:
         self.saw(node, agent_id, auto=auto)
         levels = self.expected(config, resolve)
         if levels:
-            _hint(pool, "expect", [g[0] if len(g) == 1 else g for g in levels], soon=True)
+            _hint(pool, "expect", [g[0] if len(g) == 1 else g for g in levels], soon=True, scope=thread_scope(config))
 
 
 _followers: weakref.WeakKeyDictionary[Any, GraphFollower] = weakref.WeakKeyDictionary()

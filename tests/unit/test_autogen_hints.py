@@ -32,7 +32,7 @@ def spy(pool: MemoryPool) -> list[tuple[str, list[str]]]:
     """Record every `expect` (and the calls between them) without changing what they do."""
     log: list[tuple[str, list[str]]] = []
     expect = pool.expect
-    pool.expect = lambda ids, soon=True: (log.append(("expect", list(ids))), expect(ids, soon=soon))[1]  # type: ignore[method-assign]
+    pool.expect = lambda ids, soon=True, scope=None: (log.append(("expect", list(ids))), expect(ids, soon=soon, scope=scope))[1]  # type: ignore[method-assign]
     return log
 
 

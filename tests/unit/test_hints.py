@@ -10,7 +10,7 @@ import pytest
 
 from agentmem import ConfigError, MemoryPool, UnknownAgentError
 from agentmem.policy.placement import POLICIES, AgentInfo, get_policy
-from agentmem.pool.hints import HOLD_MAX_S, HOLD_MIN_S, MAX_EXPECTED, MAX_TTL_S, Hints, reload_ttl
+from agentmem.pool.hints import HOLD_MAX_S, HOLD_MIN_S, MAX_EXPECTED, MAX_SCOPES, MAX_TTL_S, Hints, reload_ttl
 
 OPTS = {"n_ctx": 1024, "n_batch": 64, "n_threads": 1}
 
@@ -335,3 +335,34 @@ def test_hints_off_validates_and_ignores_them(tiny_model_path: Path) -> None:
             pool.hold("a", ttl_s=-1)
         h = pool.stats()["hints"]
         assert h["order"] == [] and h["held"] == [] and h["holds"] == 0, h
+
+
+def test_each_scope_keeps_its_own_order_and_an_agent_counts_its_soonest_use() -> None:
+    # two graph threads (or teams) on one pool: one's expect no longer wipes the other's
+    h = Hints(clock=Clock())
+    h.expect(["a1", "a2"], scope="thread-a")
+    h.expect(["b1", "a2"], scope="thread-b")
+    assert (h.steps("a1"), h.steps("a2"), h.steps("b1")) == (1.0, 2.0, 1.0), "a2: soonest of 2 and 2"
+    assert h.next_step() == {"a1", "b1"} and h.upcoming(2) == ["b1", "a2"], "upcoming: the scope told last"
+    h.arrive("a2", resident=True, has_state=True)  # leaves both lists, counted once
+    assert h.counters["expected"] == 1
+    assert (h.steps("a1"), h.steps("b1"), h.steps("a2")) == (1.0, 1.0, math.inf)
+    h.expect([], scope="thread-a")  # an empty order ends the scope
+    assert h.steps("a1") == math.inf and h.stats()["scopes"] == 1
+    for i in range(MAX_SCOPES + 5):
+        h.expect([f"x{i}"], scope=f"s{i}")
+    assert h.stats()["scopes"] == MAX_SCOPES and h.steps("x0") == math.inf, "the oldest scopes are forgotten"
+
+
+def test_expect_validates_its_scope(tiny_model_path: Path) -> None:
+    with MemoryPool(tiny_model_path, resident_agents=2, prefetch=False, **OPTS) as pool:
+        with pytest.raises(ConfigError, match="scope"):
+            pool.expect(["a"], scope="bad\x00scope")
+        with pytest.raises(ConfigError, match="scope"):
+            pool.expect(["a"], scope="")
+        for a in "abc":
+            pool.chat(a, conv(a, 0), max_tokens=2)
+        pool.expect(["a", "c"], scope="t1", soon=False)
+        pool.expect(["z", "y", "b"], scope="t2", soon=False)  # t1's order stands: c at 2, b at 3
+        pool.chat("a", conv("a", 1), max_tokens=2)
+        assert tiers(pool)["b"] == "warm" and tiers(pool)["c"] == "hot", tiers(pool)

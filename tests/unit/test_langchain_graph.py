@@ -39,9 +39,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.scopes: list[str | None] = []
 
-    def expect(self, agent_ids: list[str], *, soon: bool = True) -> None:
+    def expect(self, agent_ids: list[str], *, soon: bool = True, scope: str | None = None) -> None:
         self.calls.append(("expect", list(agent_ids), soon))
+        self.scopes.append(scope)
 
     def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
         self.calls.append(("hold", agent_id, ttl_s))
@@ -258,7 +260,8 @@ def test_a_branch_expects_its_candidates_without_prefetching_a_guess() -> None:
     sent: list[tuple[list[str], bool]] = []
 
     class Pool:
-        def expect(self, ids: list[str], *, soon: bool = True) -> None:
+        def expect(self, ids: list[str], *, soon: bool = True, scope: str | None = None) -> None:
+            assert scope == "t", "the graph's thread is the scope"
             sent.append((list(ids), soon))
 
     def resolve(config: Any) -> str:
