@@ -61,7 +61,11 @@ class Mover:
         A failed restore empties the sequence and drops the stored state: the
         caller re-prefills from the messages (`how="fresh"`).
         """
-        got = self.residency.acquire(a, prefetch=prefetch)
+        a.busy += 1  # on its way up: a park this causes must not give `a`'s own state up (a prefetch)
+        try:
+            got = self.residency.acquire(a, prefetch=prefetch)
+        finally:
+            a.busy -= 1
         if got != "assigned":
             return Placement(got)
         if a.tier not in self.core.tiers:

@@ -96,3 +96,30 @@ def test_room_for_the_next_park_comes_only_from_states_needed_later() -> None:
     assert b.next_out().id == "r"
     b.rebalance()
     assert mover.dropped == ["x"], "x before r in release order; w is needed sooner than r: kept"
+
+
+def test_a_prefetch_that_parks_another_agent_keeps_its_own_state(tiny_model_path) -> None:
+    # prefetching b parks a; if that pushes WARM over its budget, the state given up must
+    # not be b's own (the tools app under 10 MiB dropped it, and b re-prefilled): while
+    # its sequence is found, b counts as busy, and a busy agent's state is never given up
+    from agentmem import MemoryPool
+
+    def conv(agent: str) -> list[dict]:
+        return [{"role": "system", "content": f"you are agent {agent}"}, {"role": "user", "content": f"step for {agent}"}]
+
+    with MemoryPool(tiny_model_path, resident_agents=1, prefetch=False, n_ctx=1024, n_batch=64, n_threads=1) as pool:
+        pool.chat("b", conv("b"), max_tokens=2)
+        pool.chat("a", conv("a"), max_tokens=2)  # b parked
+        core, mover = pool._core, pool._mover
+        seen: list[int] = []
+        real = mover.residency.acquire
+
+        def acquire(x, **kw):
+            seen.append(x.busy)
+            return real(x, **kw)
+
+        mover.residency.acquire = acquire
+        with core.lock:
+            placed = mover.make_resident(core.agents["b"], prefetch=True)
+        assert placed.how == "restored" and seen == [1], (placed, seen)
+        assert core.agents["b"].busy == 0 and core.agents["b"].seq is not None
