@@ -333,11 +333,11 @@ class Engine:
         await self._do(self._pool().unhold, agent_id)
 
     async def expect(self, principal: Principal, order: list[str | list[str]], soon: bool) -> None:
-        """The workflow's expected order (every id must be in the key's scope)."""
+        """The workflow's expected order (every id must be in the key's scope); one order per key."""
         for i, item in enumerate(order):
             for x in [item] if isinstance(item, str) else item:
                 authorize(principal, check.agent_id(x, field=f"order[{i}]"), field=f"order[{i}]")
-        await self._do(functools.partial(self._pool().expect, order, soon=soon))
+        await self._do(functools.partial(self._pool().expect, order, soon=soon, scope=f"key:{principal.name}"))
 
     async def handoff(self, principal: Principal, src: str, dst: str, upto: int | None) -> dict[str, Any]:
         authorize(principal, src)

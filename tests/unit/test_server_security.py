@@ -185,7 +185,11 @@ def test_workflow_hints_over_http(http: httpx.Client, server: Any) -> None:
     assert r.status_code == 400
     r = http.post("/agents", params={"action": "expect"}, json={"order": ["tenant-a/bad\u0000id"]}, headers=h)
     assert r.status_code == 400 and "order[0]" in r.json()["error"]["message"], r.text
+    # each key keeps its own order: another key's expect leaves this one's standing
     http.post("/agents", params={"action": "expect"}, json={"order": []}, headers=auth(ADMIN))
+    assert server.pool.stats()["hints"]["scopes"] == 1
+    http.post("/agents", params={"action": "expect"}, json={"order": []}, headers=h)
+    assert server.pool.stats()["hints"]["scopes"] == 0
 
 
 def test_anonymous_agent_per_key(http: httpx.Client) -> None:
