@@ -11,8 +11,10 @@ was told:
   when it is not listed; within a branch the alternative called longest ago (or
   never) ranks soonest — a supervisor working through its workers and a selector
   giving each speaker a turn both rotate — by a fraction of a step
-  (`i + 1 + rank / len(branch)`), so it is kept and the one just called is given up first. A call of a listed agent removes it from the list (the
-  others move up); the alternatives it was chosen over move to the end. When a list
+  (`i + 1 + rank / len(branch)`), so it is kept and the one just called is given
+  up first. Each scope (`expect(..., scope=)`: a graph's thread, a team) keeps its
+  own order; an agent counts its soonest use. A call of a listed agent removes it
+  from the list (the others move up); the alternatives it was chosen over move to the end. When a list
   exists, the sequence to give up is the one whose next use is furthest away
   (KVFlow's steps-to-execution rule, arXiv 2507.07400); without one, the learned
   predictor decides as before.
@@ -127,6 +129,7 @@ class Hints:
         self.scope = ""  # the scope told last (its order is what `upcoming` and `order` read)
         self.last_call: dict[str, int] = {}  # agent -> number of its latest call (ranks a branch's alternatives)
         self._calls = 0
+        self._steps: dict[str, float] | None = None  # agent -> steps, rebuilt after a change (placement reads it often)
         self.holds: dict[str, float] = {}  # agent -> deadline (clock seconds)
         self.restore_s_per_token = _RESTORE_S_PER_TOKEN
         self.prefill_s_per_token = _PREFILL_S_PER_TOKEN
@@ -165,6 +168,7 @@ class Hints:
             seen.update(g)
             if g:
                 groups.append(g)
+        self._steps = None
         self.orders.pop(scope, None)  # re-inserted last: the most recently told scope
         if groups:
             self.orders[scope] = groups
@@ -179,18 +183,15 @@ class Hints:
         call (longest ago first): `i + 1 + rank / len(branch)`, below the next step.
         Under several scopes: the soonest of them.
         """
-        best = math.inf
-        for groups in self.orders.values():
-            for i, g in enumerate(groups):
-                if agent_id in g:
-                    if len(g) == 1:
-                        best = min(best, float(i + 1))
-                    else:
-                        last = self.last_call.get(agent_id, 0)
-                        rank = sum(1 for x in g if (self.last_call.get(x, 0), g.index(x)) < (last, g.index(agent_id)))
-                        best = min(best, i + 1 + rank / len(g))
-                    break
-        return best
+        if self._steps is None:
+            index: dict[str, float] = {}
+            for groups in self.orders.values():
+                for i, g in enumerate(groups):
+                    ranked = sorted(range(len(g)), key=lambda j: (self.last_call.get(g[j], 0), j))
+                    for rank, j in enumerate(ranked):
+                        index[g[j]] = min(index.get(g[j], math.inf), i + 1 + rank / len(g))
+            self._steps = index
+        return self._steps.get(agent_id, math.inf)
 
     def step_index(self, agent_id: str) -> int | None:
         """The position of `agent_id`'s item in the expected orders (0 = next; the soonest), or None."""
@@ -203,6 +204,7 @@ class Hints:
 
     def forget(self, agent_id: str) -> None:
         """Drop what is known of a deleted agent (its last call, its hold)."""
+        self._steps = None
         self.last_call.pop(agent_id, None)
         self.holds.pop(agent_id, None)
 
@@ -262,6 +264,7 @@ class Hints:
         """
         self._calls += 1
         self.last_call[agent_id] = self._calls
+        self._steps = None
         listed = False
         for scope, groups in list(self.orders.items()):
             at = next((i for i, g in enumerate(groups) if agent_id in g), None)
