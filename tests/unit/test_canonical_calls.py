@@ -168,14 +168,20 @@ def drive(gen: Iterator[str]) -> tuple[list[str], Any]:
         return pieces, stop.value
 
 
-def run(script: list[int], *, names: tuple[str, ...] | None = NAMES, **params: Any) -> tuple[list[str], str, Any, list[int]]:
-    """Generate `script` through the turn loop: (streamed pieces, finish, what was used, ledger tokens)."""
+def script_runner(script: list[int]) -> tuple[FakeCore, ScriptDecoder, TurnRunner, AgentState]:
+    """A turn loop over the fakes whose decoder replays `script` (its first token is the prefill's), and a resident agent."""
     core = FakeCore()
     dec = ScriptDecoder(script[1:])
     runner = TurnRunner(core, mover=None, sharing=None, blocks=None, decoder=dec, swa=NoWindow(),  # type: ignore[arg-type]
                         after_call=lambda _: None)
     a = AgentState("a")
     a.seq = 0
+    return core, dec, runner, a
+
+
+def run(script: list[int], *, names: tuple[str, ...] | None = NAMES, **params: Any) -> tuple[list[str], str, Any, list[int]]:
+    """Generate `script` through the turn loop: (streamed pieces, finish, what was used, ledger tokens)."""
+    core, dec, runner, a = script_runner(script)
     a.ledger.extend(PROMPT)
     p = SamplingParams.make(**{"max_tokens": 64, **params})
     asm = TextAssembler(p.stop)

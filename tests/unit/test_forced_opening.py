@@ -20,13 +20,11 @@ from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import SamplingParams, TextAssembler
 from agentmem.errors import ConfigError
 from agentmem.pool.canon import CallCanon
-from agentmem.pool.state import AgentState
 from agentmem.pool.swa import NoWindow
-from agentmem.pool.turn import TurnRunner
 from agentmem.tools.formats import get_tool_format
 from agentmem.tools.grammar import split_forced_prefix
 
-from tests.unit.test_canonical_calls import CANONICAL, VOCAB, FakeCore, FakeModel, ScriptDecoder, drive, toks  # the toy vocabulary, fakes
+from tests.unit.test_canonical_calls import CANONICAL, VOCAB, FakeCore, FakeModel, drive, script_runner, toks  # the toy vocabulary, fakes
 
 HERMES = get_tool_format("hermes")
 CITY = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -60,12 +58,7 @@ OPEN_TOKS = toks("<tool_call>", "\n", '{"', "name", '":', ' "', "lookup", "_metr
 
 def forced_run(script: list[int], **params: Any) -> SimpleNamespace:
     """Generate `script` after `OPENING` through the turn loop, as `MemoryPool.chat(opening=...)` does."""
-    core = FakeCore()
-    dec = ScriptDecoder(script[1:])
-    runner = TurnRunner(core, mover=None, sharing=None, blocks=None, decoder=dec, swa=NoWindow(),  # type: ignore[arg-type]
-                        after_call=lambda _: None)
-    a = AgentState("a")
-    a.seq = 0
+    core, dec, runner, a = script_runner(script)
     prompt, op = runner.canon.opening(RenderedPrompt(toks("Hello", "\n"), []), OPENING, HERMES)
     assert op.tokens == tuple(OPEN_TOKS) and prompt.tokens[2:] == OPEN_TOKS
     a.ledger.extend(prompt.tokens)
