@@ -375,6 +375,15 @@ async def run_server(variant: str, args: argparse.Namespace) -> Run | None:
     return run
 
 
+def publish(rows: list[dict[str, Any]], meta: dict[str, Any], path: str | None,
+            render: Callable[[list[dict[str, Any]], dict[str, Any]], str]) -> str:
+    """`render(rows, meta)`, for the caller's log; with `path`, the rows and metadata also go there as JSON."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return render(rows, meta)
+
+
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     by: dict[str, dict[str, Any]] = {}  # a variant run twice (ABBA) is read as its mean
     for v in dict.fromkeys(r["variant"] for r in rows):
@@ -450,10 +459,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             "model": MODEL, "kv_layout": args.kv_layout, "warm_mib": args.warm_mib or None,
             "archive": ("sqlite" if args.archive else "none (drop)") if args.warm_mib else None,
             "tasks": args.tasks, "turns": args.turns, "tool_ms": args.tool_ms, "max_tokens": args.max_tokens}
-    logger.info("\n%s", report(rows, meta))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    logger.info("\n%s", publish(rows, meta, args.json, report))
     return rows
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import statistics
@@ -40,7 +39,9 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import load, md_table, table  # noqa: E402
-from apps_autogen import MODEL, ROLES, TASKS, TEAM, Run, budget_options, make_tools, peer_client, run_tasks  # noqa: E402
+from apps_autogen import (  # noqa: E402
+    MODEL, ROLES, TASKS, TEAM, Run, budget_options, make_tools, peer_client, publish, run_tasks,
+)
 
 logger = logging.getLogger("apps_roundrobin")
 
@@ -161,10 +162,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         rows.append({**run.row(), **extra, "load_after": load()})
         logger.info("%s", rows[-1])
     meta["load_end"] = load()
-    logger.info("\n%s", report(rows, meta))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    logger.info("\n%s", publish(rows, meta, args.json, report))
     return rows
 
 
