@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import agentmem.validation as check
 from agentmem import AgentMemError, MemoryPool
 
-from ._identity import node_path, with_node
+from ._identity import node_path, thread_of, with_node
 
 __all__ = ["GraphFollower", "follower_for", "hold_after_reply"]
 
@@ -57,12 +57,11 @@ def hold_after_reply(pool: MemoryPool, agent_id: str, ends_in_tool_call: bool) -
 def thread_scope(config: Mapping[str, Any]) -> str | None:
     """The hint scope of a run: its LangGraph `thread_id` (each thread keeps its own expected
     order on the pool), or None (the pool's default scope) without a usable one."""
-    conf = config.get("configurable") if isinstance(config, Mapping) else None
-    thread = conf.get("thread_id") if isinstance(conf, Mapping) else None
+    thread = thread_of(config)
     if thread is None:
         return None
     try:
-        return check.agent_id(str(thread), field="thread_id")
+        return check.agent_id(thread, field="thread_id")
     except AgentMemError:
         return None
 

@@ -70,7 +70,8 @@ def node_path(config: Mapping[str, Any]) -> str | None:
     return node
 
 
-def _thread(config: Mapping[str, Any]) -> str | None:
+def thread_of(config: Mapping[str, Any]) -> str | None:
+    """The run's LangGraph `thread_id` (configurable, else metadata) as text, or None."""
     thread = _configurable(config).get("thread_id")
     if thread is None:
         thread = _meta(config).get("thread_id")
@@ -84,7 +85,7 @@ def agent_from_config(config: Mapping[str, Any]) -> str | None:
     path = node_path(config)
     if path is None:
         return None
-    thread = _thread(config)
+    thread = thread_of(config)
     return f"{thread}/{path}" if thread is not None else path
 
 
