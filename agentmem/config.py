@@ -13,15 +13,38 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
+from agentmem import validation as check
 from agentmem.errors import ConfigError
 
-__all__ = ["KV_LAYOUTS", "KVLayout", "PoolConfig"]
+__all__ = ["KV_LAYOUTS", "KVLayout", "PoolConfig", "check_tenants"]
 
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 KVLayout = Literal["auto", "unified", "per_sequence"]
 KV_LAYOUTS: tuple[str, ...] = ("auto", "unified", "per_sequence")
+
+
+def check_tenants(prefixes: Iterable[str], *, field: str = "tenants") -> tuple[str, ...]:
+    """`prefixes` as a tuple of distinct, valid agent-id prefixes (in the order given).
+
+    Raises:
+        ConfigError: not a list of strings, an empty or invalid prefix (as an agent id:
+            UTF-8, no control characters, no reserved `share:`), or a duplicate.
+    """
+    if isinstance(prefixes, (str, bytes)):
+        raise ConfigError(f"{field} must be a list of agent-id prefixes, got the string {prefixes!r}")
+    try:
+        items = list(prefixes)
+    except TypeError as exc:
+        raise ConfigError(f"{field} must be a list of agent-id prefixes, got {type(prefixes).__name__}") from exc
+    out: list[str] = []
+    for i, p in enumerate(items):
+        check.agent_id(p, field=f"{field}[{i}]")
+        if p in out:
+            raise ConfigError(f"{field}[{i}]: prefix {p!r} is listed twice")
+        out.append(p)
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +119,10 @@ class PoolConfig:
             `n_ctx / resident_agents` tokens and shared prefixes are copied), or `auto`
             (the rule in `agentmem.pool.layout.choose_kv_layout`, from the measurement in
             `benchmarks/resident_scaling.py`).
+        tenants: agent-id prefixes of tenants that share nothing they did not declare
+            (`agentmem.pool.tenants`): an agent's tenant is the longest prefix its id
+            starts with; prefix sharing, shared blocks and handoffs stay inside a tenant
+            (declared shares under no tenant are public). `()`: one scope for all.
     """
 
     model_path: str | None = None
@@ -132,6 +159,7 @@ class PoolConfig:
     batch_decode: bool = True
     min_share_tokens: int = 32
     kv_layout: KVLayout = "auto"
+    tenants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -172,6 +200,7 @@ class PoolConfig:
             raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
+        object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON-serializable)."""

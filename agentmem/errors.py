@@ -143,7 +143,16 @@ class LeaseLostError(LeaseError):
 
 
 class UnknownAgentError(AgentMemError, KeyError):
-    """An operation named an agent that the pool does not know."""
+    """An operation named an agent that the pool does not know.
+
+    Attributes:
+        agent_id: the id asked for (`None` when not given): a server answers with it
+            alone, so the body never depends on which other agents exist.
+    """
+
+    def __init__(self, *args: object, agent_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.agent_id = agent_id
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""

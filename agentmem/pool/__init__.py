@@ -15,6 +15,7 @@
 * `persist` — archive sync (ledger + state in one transaction) and resume on open.
 * `budgets` — WARM/COLD byte budgets with watermarks.
 * `prefetch` — the after-call worker: rebalance, restore the agent expected next.
+* `tenants` — tenant scopes: whose KV an agent may start from; `tenant_of`/`add_tenants`/`tenant_usage`.
 * `hints` — workflow hints: expected order, holds, their counters; `expect`/`hold`/`unhold`.
 * `state` — the agent record (`AgentState`) with its invariants, counters, and the shared `PoolCore`.
 * `stats` — `MemoryPool.stats()`.

@@ -33,6 +33,7 @@ from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
+from agentmem.pool.tenants import TenantMethods
 from agentmem.tools.canonical import watch_for
 from agentmem.tools.formats import ToolFormat
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class MemoryPool(HintMethods):
+class MemoryPool(HintMethods, TenantMethods):
     """Keeps every agent's KV state across one shared llama.cpp context.
 
     At most `resident_agents` agents are *hot* (a live sequence). When another
@@ -377,7 +378,7 @@ class MemoryPool(HintMethods):
         The messages are decoded once (as agent `"share:<name>"`); any agent whose
         prompt starts with the same rendered tokens gets those cells without
         recompute: tagged in the live cache (`seq_cp`) or restored from the
-        parked share. Undeclared common prefixes between agents are found too.
+        parked share. Undeclared common prefixes between agents of one tenant are found too.
         """
         self._check_open()
         if not isinstance(name, str) or not name:

@@ -1,6 +1,7 @@
 """Prefixes shared between agents: finding a donor, copying its cells, making them private.
 
-A fresh agent whose prompt starts like another agent's history gets those cells
+A fresh agent whose prompt starts like another agent's history (of its own
+tenant, or a share it may use: `agentmem.pool.tenants`) gets those cells
 without recompute: tagged in the live cache (`seq_cp`) from a resident donor, or
 restored from a parked one. A copied prefix becomes a shared block, so parked
 copies keep it once. Cells shared with other sequences are made private before
@@ -124,7 +125,10 @@ class Sharing:
         return mode
 
     def share_prefix(self, a: AgentState, prompt: RenderedPrompt) -> int:
-        """Give a fresh agent the longest prefix of `prompt` another agent holds; tokens shared."""
+        """Give a fresh agent the longest prefix of `prompt` another agent holds; tokens shared.
+
+        Donors are the agents `a` may take from (its tenant, public shares: `core.tenants`).
+        """
         core = self.core
         n_min = core.config.min_share_tokens
         if not n_min or len(prompt.tokens) <= n_min:
@@ -134,6 +138,8 @@ class Sharing:
         for x in core.agents.values():
             if x is a or x.busy or not len(x.ledger) or not (x.seq is not None or x.tier in core.tiers):
                 continue
+            if not core.tenants.may_take(x.id, a.id):
+                continue  # another tenant's cells: never shared, never even looked at (#23 finding 3)
             cands[x.id] = x
             led = x.ledger
             live = led.live
@@ -178,6 +184,11 @@ class Sharing:
         """Start `dst`'s context as `src`'s first `upto` history tokens (see `MemoryPool.handoff`)."""
         core = self.core
         s = core.agent(src)
+        if not core.tenants.may_take(src, dst):
+            raise ConfigError(
+                f"agent {dst!r} (tenant {core.tenants.of(dst)!r}) cannot start from agent {src!r} "
+                f"(tenant {core.tenants.of(src)!r}): a handoff stays inside one tenant"
+            )
         n = len(s.ledger) if upto is None else upto
         if not isinstance(n, int) or not 0 < n <= len(s.ledger):
             raise ConfigError(f"upto must be in [1, {len(s.ledger)}] for agent {src!r}, got {upto!r}")

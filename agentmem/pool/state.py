@@ -20,6 +20,7 @@ from agentmem.memory.parking import ParkCodec, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
 from agentmem.memory.shared import BlockStore, PrefixIndex
 from agentmem.policy.placement import AgentInfo, PlacementPolicy
+from agentmem.pool.tenants import TenantScope
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -140,6 +141,7 @@ class PoolCore:
         self.lock = ctx.lock
         self.cond = threading.Condition(self.lock)
         self.agents: dict[str, AgentState] = {}
+        self.tenants = TenantScope(config.tenants)  # who may take KV from whom (`MemoryPool.add_tenants` widens it)
         self.blocks = BlockStore()
         self.prefixes = PrefixIndex()  # radix tree over agents' shareable tokens (refreshed lazily)
         self.predictor = TransitionPredictor()
@@ -151,10 +153,18 @@ class PoolCore:
         self.fence: Callable[[str], Any] | None = None
 
     def agent(self, agent_id: str) -> AgentState:
-        """The record of a known agent; `UnknownAgentError` otherwise."""
+        """The record of a known agent; `UnknownAgentError` otherwise.
+
+        The message counts the known agents but never names them: another tenant's ids
+        must not reach a caller who mistyped its own (#23 finding 2).
+        """
         a = self.agents.get(agent_id)
         if a is None:
-            raise UnknownAgentError(f"unknown agent {agent_id!r}; known: {sorted(self.agents)}")
+            raise UnknownAgentError(
+                f"unknown agent {agent_id!r} (the pool knows {len(self.agents)} agent(s); "
+                "MemoryPool.agents() lists them)",
+                agent_id=agent_id,
+            )
         return a
 
     def codec(self, spec: str) -> ParkCodec:

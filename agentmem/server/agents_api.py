@@ -18,7 +18,9 @@
 
 Agent ids may contain `/` (`tenant-a/planner`). A scoped key sees and touches only ids
 under its prefix: anything else is a 403 whose body depends only on the id. No route
-returns KV bytes; `bytes` is a count.
+returns KV bytes; `bytes` is a count. An action on an unknown agent is a 404 naming only
+that id: only a call (or a handoff's destination, counted in the key's `max_agents`)
+creates an agent.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ def create_app(
         A FastAPI app; `app.state.engine` is its `Engine`.
     """
     settings = settings or ServerSettings()
-    eng = Engine(pool_or_config, settings, own_pool=own_pool, replica=replica)
+    keys = keys or KeyRing()
+    eng = Engine(pool_or_config, settings, own_pool=own_pool, replica=replica, tenants=keys.tenant_prefixes())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -184,7 +185,7 @@ def create_app(
     app = FastAPI(title="agentmem", summary="OpenAI-compatible server where every agent keeps its KV memory",
                   lifespan=lifespan)
     app.state.engine = eng
-    app.state.keys = keys or KeyRing()
+    app.state.keys = keys
     app.state.settings = settings
     _install_handlers(app)
     app.include_router(openai_routes.router)

@@ -11,10 +11,15 @@ sk-tenant-b      tenant-b/
 
 ```json
 {"keys": [{"key": "sk-admin-1", "admin": true},
-          {"key": "sk-tenant-a", "prefix": "tenant-a/", "max_concurrent": 2}]}
+          {"key": "sk-tenant-a", "prefix": "tenant-a/", "max_concurrent": 2,
+           "max_agents": 50, "max_parked_bytes": 268435456}]}
 ```
 
 (a bare JSON list of such objects works too). A key without a prefix is an admin key.
+`max_concurrent`, `max_agents` and `max_parked_bytes` are the key's quotas (`0` or
+absent: the server's defaults, `ServerSettings.max_*_per_key`; an admin key has no
+agent or byte quota unless its entry sets one). Each scoped key's prefix is a tenant
+of the pool (`PoolConfig.tenants`): its agents share KV with no other key's.
 Keys are kept as SHA-256 digests and compared in constant time; a request presents one
 as `Authorization: Bearer KEY` (what the OpenAI clients send) or `X-Api-Key: KEY`.
 
@@ -46,12 +51,18 @@ class Principal:
         prefix: agent ids this principal may use start with it (`""` = all).
         admin: may read metrics, list every agent, checkpoint the pool.
         max_concurrent: requests it may have in flight (`0` = the server's default).
+        max_agents: agents under its prefix it may keep (`0` = the server's default;
+            none for an admin key).
+        max_parked_bytes: bytes of parked KV state its agents may keep (`0` = the
+            server's default; none for an admin key).
     """
 
     name: str
     prefix: str = ""
     admin: bool = False
     max_concurrent: int = 0
+    max_agents: int = 0
+    max_parked_bytes: int = 0
 
     def allows(self, agent_id: str) -> bool:
         """Whether this principal may call, read, change or forget `agent_id`."""
@@ -70,12 +81,13 @@ class ApiKey:
     principal: Principal
 
     @classmethod
-    def make(cls, key: str, *, prefix: str = "", admin: bool | None = None, max_concurrent: int = 0) -> ApiKey:
-        """A key with its scope; `admin` defaults to "no prefix".
+    def make(cls, key: str, *, prefix: str = "", admin: bool | None = None, max_concurrent: int = 0,
+             max_agents: int = 0, max_parked_bytes: int = 0) -> ApiKey:
+        """A key with its scope and quotas; `admin` defaults to "no prefix".
 
         Raises:
             ConfigError: an empty key, a key with whitespace, a scoped admin key or a
-                negative `max_concurrent`.
+                negative (or non-int) quota.
         """
         if not isinstance(key, str) or not key or any(c.isspace() for c in key):
             raise ConfigError("an API key must be a non-empty string without whitespace")
@@ -87,10 +99,12 @@ class ApiKey:
             raise ConfigError(f"an admin key cannot have an agent-id prefix (got {prefix!r})")
         if not admin and not prefix:
             raise ConfigError("a non-admin key needs an agent-id prefix")
-        if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 0:
-            raise ConfigError(f"max_concurrent must be an int >= 0, got {max_concurrent!r}")
+        quotas = {"max_concurrent": max_concurrent, "max_agents": max_agents, "max_parked_bytes": max_parked_bytes}
+        for name, v in quotas.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {v!r}")
         digest = hashlib.sha256(key.encode()).digest()
-        return cls(digest, Principal(f"key-{digest.hex()[:8]}", prefix, admin, max_concurrent))
+        return cls(digest, Principal(f"key-{digest.hex()[:8]}", prefix, admin, **quotas))
 
 
 class KeyRing:
@@ -110,6 +124,10 @@ class KeyRing:
     def enabled(self) -> bool:
         """Whether requests must present a key."""
         return bool(self._keys)
+
+    def tenant_prefixes(self) -> tuple[str, ...]:
+        """The scoped keys' prefixes, once each: the pool's tenants (an admin key is none)."""
+        return tuple(dict.fromkeys(k.principal.prefix for k in self._keys if not k.principal.admin))
 
     def authenticate(self, presented: str | None) -> Principal | None:
         """The principal of `presented`; `LOCAL` without keys; `None` for a missing or wrong key."""
@@ -133,15 +151,19 @@ class KeyRing:
         return cls(keys)
 
 
+_QUOTAS = ("max_concurrent", "max_agents", "max_parked_bytes")
+_FIELDS = ("key", "prefix", "admin", *_QUOTAS)
+
+
 def _entry(item: Any, where: str) -> ApiKey:
     if not isinstance(item, Mapping) or not isinstance(item.get("key"), str):
         raise ConfigError(f"{where}: each key must be an object with a string 'key'")
-    extra = set(item) - {"key", "prefix", "admin", "max_concurrent"}
+    extra = set(item) - set(_FIELDS)
     if extra:
-        raise ConfigError(f"{where}: unknown field(s) {sorted(extra)}; allowed: admin, key, max_concurrent, prefix")
+        raise ConfigError(f"{where}: unknown field(s) {sorted(extra)}; allowed: {', '.join(sorted(_FIELDS))}")
     try:
         return ApiKey.make(item["key"], prefix=item.get("prefix", ""), admin=item.get("admin"),
-                           max_concurrent=item.get("max_concurrent", 0))
+                           **{q: item.get(q, 0) for q in _QUOTAS})
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
 

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for (4096)")
     lim.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request without one (256)")
     lim.add_argument("--max-concurrent", type=int, default=8, help="requests in flight per key; more is a 429 (8)")
+    lim.add_argument("--max-agents", type=int, default=256,
+                     help="agents one scoped key may keep; more is a 429 (256; 0 = no limit)")
+    lim.add_argument("--max-parked-bytes", type=int, default=1 << 30,
+                     help="parked KV bytes one scoped key's agents may keep; over it calls get 429 (1 GiB; 0 = none)")
     lim.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S", help="seconds in-flight requests get at SIGTERM (10)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level (info)")
 
@@ -101,6 +105,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
         max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
+        max_agents_per_key=args.max_agents, max_parked_bytes_per_key=args.max_parked_bytes,
         metrics_public=args.metrics_public,
         durability=args.durability or ("call" if args.archive_url else "exit"),
         cluster=bool(args.archive_url), replica_id=args.replica_id, lease_ttl_s=args.lease_ttl,

@@ -27,6 +27,7 @@ from agentmem.server.http_errors import ApiError
 from agentmem.server.identity import authorize
 from agentmem.server.metrics import ServerMetrics
 from agentmem.server.queue import AgentQueue, Lease
+from agentmem.server.quotas import CallLease, Quotas
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
@@ -100,14 +101,21 @@ class Engine:
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
         replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
             lease and commits fenced by it; `None`: this server alone owns its archive.
+        tenants: the scoped keys' prefixes (`KeyRing.tenant_prefixes`), added to the
+            pool's `PoolConfig.tenants`: no KV is shared across them.
     """
 
     def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *, own_pool: bool | None = None,
-                 replica: Any = None) -> None:
+                 replica: Any = None, tenants: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.replica = replica
         self._config = pool if isinstance(pool, PoolConfig) else None
         self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
+        if self._config is not None and tenants:
+            self._config = self._config.replace(tenants=tuple(dict.fromkeys(self._config.tenants + tenants)))
+        elif self.pool is not None and tenants:
+            self.pool.add_tenants(tenants)
+        self.quotas = Quotas(settings)
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
@@ -157,6 +165,21 @@ class Engine:
     def admit(self, principal: Principal) -> Lease:
         """A concurrency slot for a request (429/503 otherwise)."""
         return self.queue.admit(principal)
+
+    async def admit_call(self, principal: Principal, agent_id: str) -> Lease:
+        """A slot for a call of `agent_id`: 429 over the key's calls in flight, agents or parked bytes; 503."""
+        lease = self.queue.admit(principal)
+        try:
+            settle = await self.quotas.reserve(principal, agent_id, self._pool())
+        except BaseException:
+            lease.release()
+            raise
+        return CallLease(lease.queue, lease.principal, settle=settle)  # takes over the queue's slot
+
+    async def _known(self, agent_id: str) -> None:
+        """404 unless the pool knows `agent_id`: actions other than a call never create agents."""
+        if not await self._do(self._pool().has_agent, agent_id):
+            raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
 
     # ------------------------------------------------------------------ calls
     async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest) -> PoolCall:
@@ -291,7 +314,7 @@ class Engine:
         stats = await self._do(self._pool().stats)
         raw = stats["agents"].get(agent_id)
         if raw is None:
-            raise UnknownAgentError(f"unknown agent {agent_id!r}")
+            raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
         info = self._info(agent_id, raw)
         info.update(regions=raw.get("regions", {}), evicted_regions=raw.get("evicted_regions", {}),
                     seq=raw.get("seq"), block=raw.get("block"))
@@ -318,10 +341,12 @@ class Engine:
 
     async def set_budget(self, principal: Principal, agent_id: str, tokens: int, eviction: str | None) -> None:
         authorize(principal, agent_id)
+        await self._known(agent_id)
         await self._do(self._pool().set_budget, agent_id, tokens, eviction)
 
     async def set_priority(self, principal: Principal, agent_id: str, priority: int | str) -> None:
         authorize(principal, agent_id)
+        await self._known(agent_id)
         await self._do(self._pool().set_priority, agent_id, priority)
 
     async def hold(self, principal: Principal, agent_id: str, ttl_s: float | None) -> None:
@@ -342,7 +367,12 @@ class Engine:
     async def handoff(self, principal: Principal, src: str, dst: str, upto: int | None) -> dict[str, Any]:
         authorize(principal, src)
         authorize(principal, dst, field="to")
-        return _plain(await self._do(self._pool().handoff, src, dst, upto))
+        await self._known(src)
+        settle = await self.quotas.reserve(principal, dst, self._pool())  # a new destination is a new agent
+        try:
+            return _plain(await self._do(self._pool().handoff, src, dst, upto))
+        finally:
+            settle()
 
     async def recall(self, principal: Principal, agent_id: str, query: str, k: int) -> list[dict[str, Any]]:
         authorize(principal, agent_id)

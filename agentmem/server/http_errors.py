@@ -9,10 +9,11 @@ clients read into their exceptions (`openai.BadRequestError` for 400, ...).
 | `ContextOverflowError` | 400 | `context_length_exceeded` |
 | no or a wrong API key | 401 | `invalid_api_key` |
 | an agent outside the key's prefix | 403 | `forbidden` |
-| `UnknownAgentError` | 404 | `agent_not_found` |
+| `UnknownAgentError` (the body names only the id asked for) | 404 | `agent_not_found` |
 | the agent is generating (forget, park, handoff) | 409 | `agent_busy` |
 | body or prompt too large | 413 | `request_too_large` |
 | the key's concurrency limit | 429 | `rate_limit_exceeded` |
+| the key's agent or parked-bytes quota (`param`: `max_agents`, `max_parked_bytes`) | 429 | `quota_exceeded` |
 | the server is starting or shutting down | 503 | `unavailable` |
 | `LeaseHeldError`: another replica serves the agent (cluster mode; `Retry-After`) | 503 | `agent_elsewhere` |
 | `LeaseLostError`: this replica lost the agent mid-call (cluster mode; `Retry-After`) | 503 | `lease_lost` |
@@ -86,7 +87,10 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(503, f"{exc}; the call's result was not stored, retry it", code="lease_lost",
                         headers={"Retry-After": "1"})
     if isinstance(exc, UnknownAgentError):
-        return ApiError(404, str(exc), code="agent_not_found")
+        # the pool's message may describe the pool (how many agents it knows): the body says
+        # only what the caller asked for, never anything about other tenants' agents
+        shown = f"unknown agent {exc.agent_id!r}" if exc.agent_id is not None else "unknown agent"
+        return ApiError(404, shown, code="agent_not_found")
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
         return ApiError(400, str(exc), code="invalid_request")
     if type(exc) is AgentMemError and "is generating" in str(exc):

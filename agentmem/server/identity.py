@@ -6,6 +6,11 @@ through), or the `agent_id` extension field (`extra_body={"agent_id": ...}`). Wi
 of them the request gets a 400, unless the server runs with `anonymous="per-key"`: then
 it is the key's anonymous agent, `{prefix}anonymous-{key name}` (`anonymous` without keys).
 
+The header's bytes are read as UTF-8 (`agent_header`), as JSON bodies are, so
+`X-Agent-Id: team-b/café` and `"user": "team-b/café"` are one agent; bytes that are not
+UTF-8 get a 400 naming the header. (HTTP servers hand headers over as latin-1, which
+turned the header's `é` into `Ã©`: #23 finding 9.)
+
 Scope: a key scoped to a prefix may use only agent ids under it. A forbidden id gets a
 403 whose body depends on the id alone, never on whether the agent exists, so a tenant
 cannot probe another tenant's agents.
@@ -13,14 +18,33 @@ cannot probe another tenant's agents.
 
 from __future__ import annotations
 
+from typing import Any
+
 import agentmem.validation as check
 from agentmem.errors import ConfigError
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 
-__all__ = ["AGENT_HEADER", "authorize", "resolve_agent_id"]
+__all__ = ["AGENT_HEADER", "agent_header", "authorize", "resolve_agent_id"]
 
 AGENT_HEADER = "X-Agent-Id"
+_HEADER_KEY = AGENT_HEADER.lower().encode("ascii")
+
+
+def agent_header(headers: Any) -> str | None:
+    """The first `X-Agent-Id` of a request's headers (Starlette `Headers`), decoded as UTF-8.
+
+    Raises:
+        ApiError: 400 when its bytes are not UTF-8 (`param` names the header).
+    """
+    for name, value in headers.raw:
+        if name.lower() == _HEADER_KEY:
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ApiError(400, f"the {AGENT_HEADER} header must be UTF-8 text", code="invalid_request",
+                               param=AGENT_HEADER) from exc
+    return None
 
 
 def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -> str:
@@ -37,7 +61,7 @@ def resolve_agent_id(
 
     Args:
         principal: who sent the request.
-        header: the `X-Agent-Id` header, if any.
+        header: the `X-Agent-Id` header, if any, as text (`agent_header`).
         user: the body's `user` field, if any.
         extension: the body's `agent_id` field, if any.
         anonymous: the server's fallback policy (`reject` or `per-key`).

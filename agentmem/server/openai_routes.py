@@ -23,7 +23,7 @@ from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import from_exception
-from agentmem.server.identity import AGENT_HEADER, resolve_agent_id
+from agentmem.server.identity import agent_header, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -97,16 +97,16 @@ async def _sse(eng: Engine, first: Event, events: AsyncIterator[Event], lease: L
 
 
 def _agent(eng: Engine, who: Principal, request: Request, user: str | None, agent_id: str | None) -> str:
-    return resolve_agent_id(who, header=request.headers.get(AGENT_HEADER), user=user, extension=agent_id,
+    return resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=agent_id,
                             anonymous=eng.settings.anonymous)
 
 
 async def _respond(
-    eng: Engine, who: Principal, prepare: Callable[[], Awaitable[Any]], stream: bool, *,
+    eng: Engine, who: Principal, agent_id: str, prepare: Callable[[], Awaitable[Any]], stream: bool, *,
     reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
 ) -> Any:
     """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end."""
-    lease = eng.admit(who)
+    lease = await eng.admit_call(who, agent_id)
     streaming = False
     try:
         call = await prepare()
@@ -137,7 +137,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await _respond(
-        eng, who, lambda: eng.prepare_chat(agent_id, req), bool(req.stream), reply=lambda out: R.chat_completion(ids, out),
+        eng, who, agent_id, lambda: eng.prepare_chat(agent_id, req), bool(req.stream), reply=lambda out: R.chat_completion(ids, out),
         render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
     )
 
@@ -161,7 +161,7 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await _respond(
-        eng, who, lambda: eng.prepare_completion(agent_id, req), bool(req.stream), reply=lambda out: R.completion(ids, out),
+        eng, who, agent_id, lambda: eng.prepare_completion(agent_id, req), bool(req.stream), reply=lambda out: R.completion(ids, out),
         render=render, head=[],
     )
 

@@ -45,6 +45,12 @@ class ServerSettings:
         default_max_tokens: `max_tokens` of a request that sets none.
         max_concurrent_per_key: requests one API key (or, without keys, the whole server)
             may have in flight; one more gets 429 at once.
+        max_agents_per_key: agents one scoped API key may keep (`0` = no limit); a call
+            that would start one more gets 429 `quota_exceeded` (param `max_agents`).
+            A key's own `max_agents` overrides it; admin keys have none unless set.
+        max_parked_bytes_per_key: bytes of parked KV state (WARM and COLD) one scoped
+            key's agents may keep (`0` = no limit); at or over it every call of the key
+            gets 429 `quota_exceeded` (param `max_parked_bytes`) until it forgets agents.
         shutdown_grace_s: on SIGTERM, seconds in-flight requests get to finish before
             they are cancelled; then the pool closes (and checkpoints to its archive).
         metrics_public: serve `/metrics` to any key (default: admin keys only when keys
@@ -73,6 +79,8 @@ class ServerSettings:
     max_tokens_limit: int = 4096
     default_max_tokens: int = 256
     max_concurrent_per_key: int = 8
+    max_agents_per_key: int = 256
+    max_parked_bytes_per_key: int = 1 << 30
     shutdown_grace_s: float = 10.0
     metrics_public: bool = False
     durability: str = "exit"
@@ -91,8 +99,10 @@ class ServerSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
-        if isinstance(self.max_prompt_tokens, bool) or not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 0:
-            raise ConfigError(f"max_prompt_tokens must be an int >= 0, got {self.max_prompt_tokens!r}")
+        for name in ("max_prompt_tokens", "max_agents_per_key", "max_parked_bytes_per_key"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {v!r}")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ConfigError(
                 f"default_max_tokens ({self.default_max_tokens}) must be <= max_tokens_limit ({self.max_tokens_limit})"

@@ -1,0 +1,109 @@
+"""Per-key quotas: how many agents, and how many bytes of parked KV, one API key may keep.
+
+The third quota, requests in flight, is `AgentQueue.admit`'s. Without these, one
+tenant could start agents until the pool's RAM and archive are full, and every
+call slows down as agents accumulate (#23 finding 10: 265 agents added 105 MiB).
+
+| quota (key-file field) | server default (flag) | over it: 429 for |
+|---|---|---|
+| `max_agents`: agents under the key's prefix | 256 (`--max-agents`) | a call that would start one more |
+| `max_parked_bytes`: their parked states (WARM + COLD) | 1 GiB (`--max-parked-bytes`) | every call of the key |
+| `max_concurrent`: requests in flight | 8 (`--max-concurrent`) | one more request |
+
+A key's own value overrides the default (`0` in the key file: the default; `0` as
+the default: no limit). Admin keys are not tenants: they have no agent or byte quota
+unless their entry sets one (it then counts every agent). The 429 body names the
+limit in `param` and counts only the key's own agents:
+
+```json
+{"error": {"message": "this API key may keep at most 2 agents and has 2: forget one (DELETE /agents/{id})
+            before starting another", "type": "rate_limit_error", "param": "max_agents", "code": "quota_exceeded"}}
+```
+
+Agents are counted from the pool (`MemoryPool.tenant_usage`, read in a worker thread)
+plus the new agents whose first call is admitted but not finished, so concurrent first
+calls cannot overshoot `max_agents`. A handoff's new destination counts as a new agent;
+the other agent actions never create agents (`Engine`: 404 for an unknown one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable
+
+from agentmem.pool import MemoryPool
+from agentmem.server.auth import Principal
+from agentmem.server.http_errors import ApiError
+from agentmem.server.queue import Lease
+from agentmem.server.settings import ServerSettings
+
+__all__ = ["CallLease", "Quotas"]
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(eq=False)
+class CallLease(Lease):
+    """A `Lease` that, released, also returns the call's new-agent reservation (`settle`)."""
+
+    settle: Callable[[], None] = _nothing
+
+    def release(self) -> None:
+        if not self.released:
+            super().release()
+            self.settle()
+
+
+class Quotas:
+    """The agent and parked-byte quotas of every key (see the module docstring).
+
+    Args:
+        settings: the server-wide defaults (`max_agents_per_key`, `max_parked_bytes_per_key`).
+    """
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self._pending: dict[str, set[str]] = {}  # key name -> new agents whose first call is running
+
+    def limits(self, principal: Principal) -> tuple[int, int]:
+        """`(max_agents, max_parked_bytes)` of `principal` (`0`: no limit)."""
+        if principal.admin:
+            return principal.max_agents, principal.max_parked_bytes
+        return (principal.max_agents or self.settings.max_agents_per_key,
+                principal.max_parked_bytes or self.settings.max_parked_bytes_per_key)
+
+    async def reserve(self, principal: Principal, agent_id: str, pool: MemoryPool) -> Callable[[], None]:
+        """Admit a call of `agent_id` under `principal`'s quotas; returns what ends its reservation.
+
+        Raises:
+            ApiError: 429 `quota_exceeded`, `param` naming the limit.
+        """
+        max_agents, max_bytes = self.limits(principal)
+        if not (max_agents or max_bytes):
+            return _nothing
+        usage = await asyncio.to_thread(pool.tenant_usage, principal.prefix)
+        # no await from here on: the check and the reservation are one step of the event loop
+        pending = self._pending.setdefault(principal.name, set())
+        known = agent_id in usage.agents or agent_id in pending
+        n = len(usage.agents | pending)
+        if max_agents and not known and n >= max_agents:
+            raise ApiError(429, f"this API key may keep at most {max_agents} agents and has {n}: forget one "
+                                "(DELETE /agents/{id}) before starting another",
+                           code="quota_exceeded", param="max_agents")
+        if max_bytes and usage.parked_bytes >= max_bytes:
+            raise ApiError(429, f"this API key's agents keep {usage.parked_bytes} bytes of parked KV state, at or over "
+                                f"its limit of {max_bytes}: forget agents (DELETE /agents/{{id}}) to free them",
+                           code="quota_exceeded", param="max_parked_bytes")
+        if known:
+            return _nothing
+        pending.add(agent_id)
+
+        def settle() -> None:
+            pending.discard(agent_id)
+            if not pending:
+                self._pending.pop(principal.name, None)
+
+        return settle
