@@ -30,8 +30,11 @@ __all__ = [
     "agent_id",
     "bounded_int",
     "finite_float",
+    "json_text",
+    "lone_surrogate",
     "message_list",
     "priority",
+    "text",
 ]
 
 #: Longest agent id accepted (characters); ids are keys in SQLite and in HTTP headers.
@@ -102,6 +105,54 @@ def priority(value: Any) -> int | str:
     if isinstance(value, str):
         return value
     return bounded_int(value, field="priority", lo=-MAX_PRIORITY, hi=MAX_PRIORITY)
+
+
+def lone_surrogate(value: str) -> int:
+    """Index of the first lone surrogate in `value` (text that cannot be UTF-8), or -1.
+
+    >>> lone_surrogate("a\\ud800b"), lone_surrogate("café")
+    (1, -1)
+    """
+    if value.isascii():
+        return -1
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return -1
+
+
+def text(value: str, *, field: str, error: type[ConfigError] | type[MessageError] = MessageError) -> str:
+    """`value` when it is text that encodes as UTF-8 (JSON's `"\\ud800"` decodes to a lone
+    surrogate, which cannot); else `error` naming the field. The caller checks it is a `str`."""
+    at = lone_surrogate(value)
+    if at >= 0:
+        raise error(f"{field} must be valid Unicode text (a lone surrogate at character {at}), got {_show(value)}")
+    return value
+
+
+def json_text(value: Any, *, field: str, error: type[ConfigError] | type[MessageError] = MessageError) -> Any:
+    """`value` (JSON-like: dicts, lists, scalars) when every string in it, dict keys too, is
+    valid text (`text`); the error names the path, e.g. `tools[0].parameters.properties.city`.
+
+    >>> json_text({"a": ["x", "y\\udfffz"]}, field="tools[0]")
+    Traceback (most recent call last):
+    ...
+    agentmem.errors.MessageError: tools[0].a[1] must be valid Unicode text (a lone surrogate at character 1), got 'y\\udfffz'
+    """
+    stack: list[tuple[str, Any]] = [(field, value)]
+    while stack:  # iterative: a deeply nested value must not hit the recursion limit here
+        where, v = stack.pop()
+        if isinstance(v, str):
+            text(v, field=where, error=error)
+        elif isinstance(v, Mapping):
+            for k, x in reversed(list(v.items())):
+                if isinstance(k, str):
+                    text(k, field=f"{where} (a key)", error=error)
+                stack.append((f"{where}.{k}", x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{j}]", x) for j, x in reversed(list(enumerate(v))))
+    return value
 
 
 def message_list(value: Any) -> list[Any]:

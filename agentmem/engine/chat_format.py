@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from agentmem.errors import MessageError
 from agentmem.tools.formats import ToolFormat, get_tool_format
+from agentmem import validation as check
 
 __all__ = [
     "FORMATS",
@@ -151,14 +152,14 @@ def _content_text(value: Any, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return check.text(value, field=f"{where}.content")
     if isinstance(value, list):  # OpenAI/LangChain content parts
         out = []
         for j, part in enumerate(value):
             if isinstance(part, str):
-                out.append(part)
+                out.append(check.text(part, field=f"{where}.content[{j}]"))
             elif isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                out.append(part["text"])
+                out.append(check.text(part["text"], field=f"{where}.content[{j}].text"))
             else:
                 raise MessageError(f"{where}.content[{j}]: only text parts are supported, got {part!r:.80}")
         return "".join(out)
@@ -172,7 +173,8 @@ def _tool_call(raw: Any, where: str) -> ToolCall:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise MessageError(f"{where}.name must be a non-empty string, got {name!r}")
-    args = fn.get("arguments", fn.get("args", {}))
+    check.text(name, field=f"{where}.name")
+    args = check.json_text(fn.get("arguments", fn.get("args", {})), field=f"{where}.arguments")
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -188,6 +190,7 @@ def _tool_call(raw: Any, where: str) -> ToolCall:
     call_id = raw.get("id") or ""
     if not isinstance(call_id, str):
         raise MessageError(f"{where}.id must be a string, got {type(call_id).__name__}")
+    check.text(call_id, field=f"{where}.id")
     return ToolCall(id=call_id, name=name, arguments=dict(args) if isinstance(args, Mapping) else args)
 
 
@@ -231,9 +234,13 @@ def normalize_messages(messages: Iterable[Mapping[str, Any] | Message]) -> list[
         name = m.get("name")
         if name is not None and not isinstance(name, str):
             raise MessageError(f"{where}.name must be a string, got {type(name).__name__}")
+        if name is not None:
+            check.text(name, field=f"{where}.name")
         tcid = m.get("tool_call_id")
         if role == "tool" and not isinstance(tcid, str):
             raise MessageError(f"{where}.tool_call_id is required for role 'tool' (a string), got {tcid!r}")
+        if isinstance(tcid, str):
+            check.text(tcid, field=f"{where}.tool_call_id")
         pin = m.get("pin", False)
         if not isinstance(pin, bool):
             raise MessageError(f"{where}.pin must be a bool, got {type(pin).__name__}")
@@ -258,6 +265,7 @@ def normalize_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str,
         fn = t.get("function") if isinstance(t, Mapping) and t.get("type") == "function" else t
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise MessageError(f"tools[{i}].name must be a non-empty string")
+        check.json_text(fn, field=f"tools[{i}].function" if fn is not t else f"tools[{i}]")  # all a template may render
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, Mapping):
             raise MessageError(f"tools[{i}].parameters must be a JSON schema dict, got {type(params).__name__}")

@@ -1,9 +1,10 @@
 """The model's own jinja2 chat template as a chat format, with message content kept as text.
 
 `JinjaFormat` renders a GGUF's `tokenizer.chat_template` in the limited sandbox of
-`agentmem.engine.template_sandbox`, finds each message's content in the render with
-unforgeable markers (so content is tokenized as text and only the template's markup
-yields control tokens), and splits the render into per-message regions in linear time.
+`agentmem.engine.template_sandbox`, finds each message's content and every string of
+the tools in the render with unforgeable markers (`agentmem.engine.jinja_text`: they are
+tokenized as text and only the template's markup yields control tokens), and splits the
+render into per-message regions in linear time.
 
 Tools reach the template as its `tools` variable (OpenAI shape) when the template
 writes calls in a native syntax (`agentmem.tools.formats`); past calls reach it as
@@ -19,10 +20,9 @@ import contextvars
 import dataclasses
 import json
 import logging
-import re
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from agentmem.engine.chat_format import (
     ChatFormat,
@@ -35,6 +35,15 @@ from agentmem.engine.chat_format import (
     continues_turn,
     markup_part,
 )
+from agentmem.engine.jinja_text import (
+    Markers,
+    drop_controls,
+    drop_tree,
+    markup_pieces,
+    refuse_controls_in_tools,
+    refuse_controls_outside_content,
+    tool_controls,
+)
 from agentmem.errors import ChatTemplateError, MessageError
 from agentmem.tools.formats import ToolFormat, detect_tool_format
 
@@ -46,62 +55,6 @@ __all__ = ["JinjaFormat"]
 logger = logging.getLogger(__name__)
 
 _warned: set[int] = set()  # templates whose call re-render was found not to match (logged once)
-
-
-class _Markers:
-    """Unforgeable markers around each message's content in a jinja render.
-
-    The template renders once with every content wrapped as
-    `leading space + OPEN(k) + content.strip() + CLOSE(k) + trailing space` (a
-    `trim` filter then still trims what it would have trimmed), so the render says
-    where each message's text lies. A marker holds a random nonce drawn for this
-    render and absent from every message, so no message can fake one.
-    """
-
-    def __init__(self, messages: Sequence[Message]) -> None:
-        texts = [m.content for m in messages]
-        while True:
-            nonce = secrets.token_hex(8)
-            if not any(nonce in t for t in texts):
-                break
-        self.nonce = nonce
-        self._re = re.compile("\ue000" + nonce + r":(\d+):([oc])\ue001")
-
-    def wrap(self, k: int, content: str) -> str:
-        core = content.strip()
-        if not core:
-            return f"{content}\ue000{self.nonce}:{k}:o\ue001\ue000{self.nonce}:{k}:c\ue001"
-        lead = content[: len(content) - len(content.lstrip())]
-        trail = content[len(content.rstrip()) :]
-        return f"{lead}\ue000{self.nonce}:{k}:o\ue001{core}\ue000{self.nonce}:{k}:c\ue001{trail}"
-
-    def strip(self, rendered: str) -> tuple[str, list[tuple[int, int, int]]] | None:
-        """The render without markers, and the `(start, end, message)` content spans in it.
-
-        None when the markers do not pair up (the template cut or rewrote a content).
-        """
-        out: list[str] = []
-        spans: list[tuple[int, int, int]] = []
-        pos = n = 0
-        open_k, open_at = -1, 0
-        for mk in self._re.finditer(rendered):
-            out.append(rendered[pos : mk.start()])
-            n += mk.start() - pos
-            pos = mk.end()
-            k, kind = int(mk.group(1)), mk.group(2)
-            if kind == "o":
-                if open_k != -1:
-                    return None
-                open_k, open_at = k, n
-            else:
-                if open_k != k:
-                    return None
-                spans.append((open_at, n, k))
-                open_k = -1
-        if open_k != -1:
-            return None
-        out.append(rendered[pos:])
-        return "".join(out), spans
 
 
 def _split_parts(text: str, a: int, b: int, spans: Sequence[tuple[int, int, int]], i: int) -> tuple[tuple[Part, ...], int]:
@@ -130,12 +83,14 @@ def _split_parts(text: str, a: int, b: int, spans: Sequence[tuple[int, int, int]
 class JinjaFormat(ChatFormat):
     """The model's own jinja2 chat template; regions from cumulative renders.
 
-    Message content is located in the render with `_Markers`, so it is tokenized
+    Message content, and every string of the tools (names, descriptions, parameter
+    names, enum values), is located in the render with `Markers`, so it is tokenized
     as text while the template's markup keeps its control tokens. A template that
     rewrites content beyond trimming whitespace (the markers do not survive, or
     its markup changes with the content's control-token strings) cannot be split
     that way; then a message whose text holds a control-token string is refused
-    with `MessageError` instead of being rendered into a forged turn.
+    with `MessageError` instead of being rendered into a forged turn (and so is a tool
+    string holding one).
     """
 
     name = "jinja"
@@ -217,12 +172,14 @@ class JinjaFormat(ChatFormat):
         return d
 
     def _render(
-        self, msgs: Sequence[Message], gen: bool, bos: str, eos: str, contents: Sequence[str] | None = None
+        self, msgs: Sequence[Message], gen: bool, bos: str, eos: str, contents: Sequence[str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        """The template's render; `contents` and `tools` (when given) stand in for the messages' and the call's."""
         texts = contents if contents is not None else [m.content for m in msgs]
         variables = {
             "messages": [self._as_dict(m, t) for m, t in zip(msgs, texts)],
-            "tools": self._tools.get(),
+            "tools": tools if tools is not None else self._tools.get(),
             "add_generation_prompt": gen,
             "bos_token": bos,
             "eos_token": eos,
@@ -237,24 +194,36 @@ class JinjaFormat(ChatFormat):
         eos: str,
         full: str,
         controls: Controls | None,
-        marks: _Markers,
+        marks: Markers,
     ) -> list[tuple[int, int, int]] | None:
-        """Content spans of `full`, or None when the template's render cannot be split safely."""
-        wrapped = [marks.wrap(k, m.content) for k, m in enumerate(messages)]
-        located = marks.strip(self._render(messages, gen, bos, eos, wrapped))
-        if (located is None or located[0] != full) and any(not m.content for m in messages):
-            # a template testing `if message.content` sees markers as content: leave empty ones bare
-            wrapped = [w if m.content else "" for w, m in zip(wrapped, messages)]
-            located = marks.strip(self._render(messages, gen, bos, eos, wrapped))
-        if located is None or located[0] != full:
+        """Text spans of `full` (message contents and every string of the tools), or None when
+        the template's render cannot be split safely.
+
+        The strings of the tools carry the index `len(messages)`: they belong to no message.
+        """
+        shown = self._tools.get()
+
+        def located(contents: Sequence[str], tools: Any, bare: bool) -> tuple[str, list[tuple[int, int, int]]] | None:
+            wrapped = [marks.wrap(k, t) if (t or not bare) else "" for k, t in enumerate(contents)]
+            tree = marks.wrap_tree(len(messages), tools) if tools else None
+            return marks.strip(self._render(messages, gen, bos, eos, wrapped, tree))
+
+        contents = [m.content for m in messages]
+        # a template testing `if message.content` sees markers as content: then leave empty ones bare
+        for bare in (False, True) if any(not t for t in contents) else (False,):
+            found = located(contents, shown, bare)
+            if found is not None and found[0] == full:
+                break
+        else:
             return None
-        spans = located[1]
+        spans = found[1]
         if controls is not None:
-            found = [controls(m.content) for m in messages]
-            if any(found):  # the markup must not change when the control strings are taken out
-                cleaned = [_drop(m.content, f) for m, f in zip(messages, found)]
-                again = marks.strip(self._render(messages, gen, bos, eos, [marks.wrap(k, t) for k, t in enumerate(cleaned)]))
-                if again is None or _markup(*again) != _markup(full, spans):
+            in_msgs = [controls(t) for t in contents]
+            in_tools = tool_controls(shown, controls)
+            if any(in_msgs) or in_tools:  # the markup must not change when the control strings are taken out
+                cleaned = [drop_controls(t, f) for t, f in zip(contents, in_msgs)]
+                again = located(cleaned, drop_tree(shown, in_tools) if in_tools else shown, bare)
+                if again is None or markup_pieces(*again) != markup_pieces(full, spans):
                     return None
         return spans
 
@@ -279,12 +248,12 @@ class JinjaFormat(ChatFormat):
 
     def _segments(self, messages: Sequence[Message], bos: str, eos: str, controls: Controls | None) -> list[Segment]:
         if controls is not None:
-            _refuse_controls_outside_content(messages, controls)
+            refuse_controls_outside_content(messages, controls)
         calls = [bool(m.tool_calls) for m in messages]
         cont = continues_turn(messages)  # before calls move into content (a call is never continued)
         messages = self._prepared(messages)
         full = self._render(messages, not cont, bos, eos)
-        marks = _Markers(messages)
+        marks = Markers(messages, self._tools.get())
         spans = self._locate(messages, not cont, bos, eos, full, controls, marks)
         if spans is None:
             logger.debug("chat template rewrites message content; content kept apart by refusal only")
@@ -296,6 +265,7 @@ class JinjaFormat(ChatFormat):
                             f"messages[{k}].content contains the control token {found[0]!r}, and this chat template "
                             "rewrites message content, so it cannot be kept as text; remove it or use chat_format='chatml'/'gemma'"
                         )
+                refuse_controls_in_tools(self._tools.get(), controls)
             spans = []
         if cont:  # cut everything the template adds after the final assistant content
             last = [s for s in spans if s[2] == len(messages) - 1]
@@ -330,7 +300,7 @@ class JinjaFormat(ChatFormat):
         eos: str,
         full: str,
         spans: Sequence[tuple[int, int, int]],
-        marks: _Markers,
+        marks: Markers,
     ) -> list[int]:
         """End of each message's region in `full`, in linear time.
 
@@ -359,7 +329,7 @@ class JinjaFormat(ChatFormat):
             ends.append(_common_prefix(part, full))
         return ends
 
-    def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: _Markers) -> str | None:
+    def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: Markers) -> str | None:
         """What the template writes after message `k`'s content when it ends the conversation."""
         for probe in ((k,), (k - 1, k)) if k else ((k,),):
             msgs = [messages[j] for j in probe]
@@ -412,38 +382,3 @@ def _common_prefix(a: str, b: str) -> int:
         else:
             hi = mid
     return lo
-
-
-def _drop(text: str, found: Sequence[str]) -> str:
-    """`text` with its control-token strings replaced by a neutral character.
-
-    Not removed: a content ending (or made only of) a control string would then end
-    in whitespace (or be empty), which `_Markers.wrap` places differently, and the
-    markup comparison would refuse a template that does not touch content at all.
-    """
-    for s in set(found):
-        text = text.replace(s, "\ue002")
-    return text
-
-
-def _markup(text: str, spans: Sequence[tuple[int, int, int]]) -> list[str]:
-    """The pieces of `text` outside the content spans."""
-    out, pos = [], 0
-    for s0, s1, _ in spans:
-        out.append(text[pos:s0])
-        pos = s1
-    out.append(text[pos:])
-    return out
-
-
-def _refuse_controls_outside_content(messages: Sequence[Message], controls: Controls) -> None:
-    """Names, tool-call ids and tool calls reach a jinja template as markup: refuse control strings in them."""
-    for k, m in enumerate(messages):
-        fields: list[tuple[str, str]] = [("name", m.name or ""), ("tool_call_id", m.tool_call_id or "")]
-        for j, c in enumerate(m.tool_calls):
-            fields += [(f"tool_calls[{j}].id", c.id), (f"tool_calls[{j}].name", c.name),
-                       (f"tool_calls[{j}].arguments", c.arguments_json())]
-        for where, value in fields:
-            found = controls(value) if value else []
-            if found:
-                raise MessageError(f"messages[{k}].{where} contains the control token {found[0]!r}")

@@ -27,6 +27,7 @@ from agentmem.engine.chat_format import (
     normalize_tools,
 )
 from agentmem.engine.jinja_format import JinjaFormat
+from agentmem import validation as check
 from agentmem.errors import MessageError, PolicyError
 from agentmem.tools.formats import ToolFormat
 from agentmem.tools.prompt import tools_prompt
@@ -178,6 +179,7 @@ class ChatRenderer:
         """
         if not isinstance(text, str):
             raise MessageError(f"prompt must be a string, got {type(text).__name__}")
+        check.text(text, field="prompt")
         toks = ([self.model.bos] if self.model.add_bos else []) + list(self.model.tokenize(text, add_special=False, parse_special=False))
         if not toks:
             raise MessageError("prompt is empty")

@@ -21,7 +21,7 @@ import llama_cpp as _ll
 import numpy as np
 
 from agentmem.errors import ConfigError, EngineError
-from agentmem.validation import bounded_int, finite_float
+from agentmem.validation import bounded_int, finite_float, text
 
 __all__ = ["Sampler", "SamplingParams", "TextAssembler"]
 
@@ -71,6 +71,10 @@ class SamplingParams:
             raise ConfigError(f"grammar must be a GBNF string or None, got {type(self.grammar).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
+        for j, s in enumerate(self.stop):
+            text(s, field=f"stop[{j}]", error=ConfigError)
+        if self.grammar is not None:
+            text(self.grammar, field="grammar", error=ConfigError)
 
     @classmethod
     def make(cls, *, stop: str | Sequence[str] | None = None, **kw: object) -> SamplingParams:

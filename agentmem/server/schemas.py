@@ -8,9 +8,13 @@ OpenAI: `agent_id`, `top_k`, `min_p`, `repeat_penalty` (llama-server's names).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from agentmem import validation as check
+from agentmem.errors import MessageError
 
 __all__ = [
     "AgentInfo",
@@ -32,20 +36,40 @@ __all__ = [
 ]
 
 
+def _text(value: Any) -> Any:
+    """Every string in a field's value (dict keys too) must be text UTF-8 can hold: JSON's
+    `"\\ud800"` decodes to a lone surrogate, refused here (400 naming the field) instead of
+    failing later where the text is tokenized or stored."""
+    try:
+        check.json_text(value, field="value")
+    except MessageError as exc:
+        raise PydanticCustomError("unicode_text", "{detail}", {"detail": str(exc).removeprefix("value").lstrip(". ")}) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+"""A string field that must be valid Unicode text."""
+Json = AfterValidator(_text)
+"""The same check on a structured field (`Annotated[dict[str, Any], Json]`): every string in it."""
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Strict: a field takes its own JSON type only (`true` is not an int, `"yes"` not a bool,
+    `"1"` not a number; an int is a float), so a mistyped request is a 400 naming the field."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class ChatMessage(_Body):
     """One message of `messages` (OpenAI's shape; `developer` is read as `system`)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, Json] = None
     """Text, or a list of `{"type": "text", "text": ...}` parts."""
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    name: Text | None = None
+    tool_calls: Annotated[list[dict[str, Any]] | None, Json] = None
     """`{"id", "type": "function", "function": {"name", "arguments"}}` each."""
-    tool_call_id: str | None = None
+    tool_call_id: Text | None = None
 
     def to_pool(self) -> dict[str, Any]:
         """The message as `MemoryPool.chat` takes it."""
@@ -62,9 +86,9 @@ class ChatMessage(_Body):
 class FunctionDef(_Body):
     """A callable function: name, description and JSON-schema parameters."""
 
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
+    name: Text = Field(min_length=1, max_length=128)
+    description: Text | None = None
+    parameters: Annotated[dict[str, Any] | None, Json] = None
     strict: bool | None = None
     """Accepted; forced calls always follow the schema exactly (grammar)."""
 
@@ -79,9 +103,9 @@ class Tool(_Body):
 class JsonSchemaFormat(_Body):
     """`response_format.json_schema`."""
 
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    name: Text | None = None
+    description: Text | None = None
+    schema_: Annotated[dict[str, Any] | None, Json] = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -99,7 +123,7 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    model: str | None = None
+    model: Text | None = None
     """Ignored: the server has one model (echoed back as `model_name`)."""
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -108,13 +132,13 @@ class _Sampling(_Body):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, Json] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    user: str | None = None
+    user: Text | None = None
     """The agent id (unless the `X-Agent-Id` header names one)."""
-    agent_id: str | None = None
+    agent_id: Text | None = None
     """Extension: the agent id, when neither the header nor `user` names one."""
     frequency_penalty: float | None = None
     """Accepted and ignored (not a llama.cpp sampler agentmem exposes)."""
@@ -130,7 +154,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     """Wins over `max_tokens` when both are set."""
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None, Json] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
 
@@ -138,7 +162,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """`POST /v1/completions` (a raw prompt, no chat template)."""
 
-    prompt: str | list[str]
+    prompt: Annotated[str | list[str], Json]
     echo: bool = False
 
 
@@ -169,13 +193,13 @@ class BudgetRequest(_Body):
     """`POST /agents/{id}?action=budget`: live tokens the agent may keep (`0` = the pool default)."""
 
     tokens: int = Field(ge=0)
-    eviction: str | None = None
+    eviction: Text | None = None
 
 
 class PriorityRequest(_Body):
     """`POST /agents/{id}?action=priority`: `foreground`, `normal`, `background` or an int weight."""
 
-    priority: int | str
+    priority: int | Text
 
 
 class HoldRequest(_Body):
@@ -187,21 +211,21 @@ class HoldRequest(_Body):
 class ExpectRequest(_Body):
     """`POST /agents?action=expect`: these agents run next, in order; an item may be a list of alternatives."""
 
-    order: list[str | list[str]]
+    order: Annotated[list[str | list[str]], Json]
     soon: bool = True
 
 
 class HandoffRequest(_Body):
     """`POST /agents/{id}?action=handoff`: start agent `to` as this agent's first `upto` tokens."""
 
-    to: str
+    to: Text
     upto: int | None = Field(default=None, ge=1)
 
 
 class RecallRequest(_Body):
     """`POST /agents/{id}?action=recall`: the agent's evicted spans that best match `query`."""
 
-    query: str
+    query: Text
     k: int = Field(default=5, ge=0, le=100)
 
 
