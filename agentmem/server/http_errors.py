@@ -91,7 +91,7 @@ def from_exception(exc: BaseException) -> ApiError:
                         headers={"Retry-After": "1"})
     if isinstance(exc, ArchiveFullError):
         logger.error("archive full: %s", exc)
-        return ApiError(507, "the archive's storage is full: this call's state was not stored (what was stored "
+        return ApiError(507, "the archive's storage is full: the agent's state was not stored (what was stored "
                              "before is intact); retry once space is freed", code="insufficient_storage")
     if isinstance(exc, PoolClosedError):
         return ApiError(503, "the server is shutting down", code="unavailable")
