@@ -8,7 +8,8 @@ share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
 that is generating is *busy* and is never parked under its feet. Async methods
-run the blocking work in worker threads so the event loop never blocks.
+run the blocking work in worker threads so the event loop never blocks. `close` is
+safe from any thread at any moment (`agentmem.pool.lifetime`).
 """
 
 from __future__ import annotations
