@@ -408,7 +408,7 @@ def test_disconnect_before_the_first_token_stops_the_prefill(served: Any, monkey
     late = log.tokens_after(gone + 0.1)  # 0.1 s: the 50 ms disconnect poll plus the chunk under way
     total = sum(n for _, n in log.calls)
     assert late <= 2 * 32, f"{late} tokens decoded after the disconnect (of {total})"
-    assert waited < 1.0 and total <= 512, (waited, total)
+    assert waited < 3.0 and total <= 512, (waited, total)
     import httpx
 
     r = httpx.post(f"{served.base_url}/v1/chat/completions", json={"messages": HI, "user": "leaver"}, timeout=30)
