@@ -32,6 +32,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -384,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except (AgentMemError, OSError) as exc:
-        print(f"agentmem: error: {exc}", file=sys.stderr)
+        # one line, even when the message quotes a (corrupt) schema's SQL across lines
+        print("agentmem: error: " + re.sub(r"\s*\n\s*", " ", str(exc)).strip(), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("agentmem: interrupted", file=sys.stderr)

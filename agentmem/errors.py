@@ -12,11 +12,15 @@ application can catch the whole family with one `except`:
     │                            sandbox or a render limit, or fails
     ├── MessageError             a chat message is malformed (names the field)
     ├── ContextOverflowError     a prompt does not fit the agent's context
+    ├── PoolClosedError          the pool is closed or closing (a call in flight when it closed)
+    ├── CallCancelledError       the caller cancelled the call (`ChatStream.cancel`, a client gone)
     ├── EngineError              a llama.cpp call failed (names the call and code)
     ├── StateError               a KV state cannot be stored or restored
     │   ├── CodecError           a state blob cannot be parsed / encoded / decoded
     │   └── FingerprintMismatch  a stored state belongs to another model/config
     ├── ArchiveError             the archive is unusable (names the file or the redacted URL)
+    │   ├── ArchiveFullError     the archive's disk (or database) is full: nothing was written,
+    │   │                        what was stored before is intact; retry once space is freed
     │   └── LeaseError           an agent's lease cannot be taken or used
     │       ├── LeaseHeldError   another owner holds an unexpired lease on the agent
     │       └── LeaseLostError   a fenced write's lease is no longer current (nothing written)
@@ -38,6 +42,8 @@ from __future__ import annotations
 __all__ = [
     "AgentMemError",
     "ArchiveError",
+    "ArchiveFullError",
+    "CallCancelledError",
     "ChatTemplateError",
     "CodecError",
     "ConfigError",
@@ -51,6 +57,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "PolicyError",
+    "PoolClosedError",
     "StateError",
     "UnknownAgentError",
 ]
@@ -97,6 +104,16 @@ class ContextOverflowError(AgentMemError):
         self.capacity = capacity
 
 
+class PoolClosedError(AgentMemError):
+    """The pool is closed, or closing: new calls are refused, calls in flight stop at their
+    next prefill chunk or decode step (`MemoryPool.close`)."""
+
+
+class CallCancelledError(AgentMemError):
+    """The call was cancelled (`ChatStream.cancel`, or a server client that disconnected); it
+    stopped at its next prefill chunk or decode step and the agent keeps what it decoded."""
+
+
 class EngineError(AgentMemError):
     """A llama.cpp call failed; the message names the call and its return code."""
 
@@ -115,6 +132,14 @@ class FingerprintMismatch(StateError):
 
 class ArchiveError(AgentMemError):
     """The archive cannot be opened or used; the message names the file (or the URL, password redacted)."""
+
+
+class ArchiveFullError(ArchiveError):
+    """The archive's storage is full (`SQLITE_FULL`, `ENOSPC`, PostgreSQL's `disk_full`).
+
+    The write that hit it was rolled back: what the archive held before is intact and
+    readable, and the pool keeps the agent in RAM. A later write succeeds once space is freed.
+    """
 
 
 class LeaseError(ArchiveError):

@@ -112,6 +112,11 @@ class ArchiveConnection(ArchiveCore):
             self._connect(synchronous, busy_timeout_ms)
             self._open_schema()
             self._setup_fts()
+        except (UnicodeDecodeError, sqlite3.Error) as exc:  # a corrupt schema read outside the steps' own checks
+            self.close()
+            if isinstance(exc, UnicodeDecodeError) or "decode to UTF-8" in str(exc):
+                raise ArchiveError(f"{self.path}: file is corrupt (its schema holds bytes that are not UTF-8)") from exc
+            raise ArchiveError(f"{self.path}: cannot open: {exc}") from exc
         except BaseException:
             self.close()
             raise
@@ -304,7 +309,8 @@ class ArchiveConnection(ArchiveCore):
 
     # ------------------------------------------------------------------ the core's hooks
 
-    _DRIVER_ERRORS: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
+    # UnicodeDecodeError: a text value (or an error message quoting the schema) with bytes that are not UTF-8
+    _DRIVER_ERRORS: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error, UnicodeDecodeError)
 
     def _atomic(self, db: Database) -> contextlib.AbstractContextManager[Any]:
         return db.atomic()

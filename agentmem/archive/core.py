@@ -20,6 +20,11 @@ opens the database and fills in the few hooks where the dialects differ:
   `text` cannot hold NUL);
 * `_search(db, agent_id, terms, k)` runs the full-text search of evicted text.
 
+Storage faults: a driver error that says the storage is full (SQLite's `SQLITE_FULL`,
+an `OSError` `ENOSPC`, PostgreSQL's SQLSTATE `53100 disk_full`) becomes
+`ArchiveFullError`; the transaction is rolled back, so what was stored stays intact.
+`storage_fault` holds its message until a later write commits.
+
 Fencing: a write given `fence=lease` first locks the agent's lease row (`FOR
 SHARE` on PostgreSQL, so a takeover waits for the write and a write after a
 takeover sees it) and checks it still holds the lease's owner and token; if not,
@@ -32,13 +37,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentmem.archive.records import Lease
-from agentmem.errors import ArchiveError, ConfigError, LeaseLostError
+from agentmem.errors import ArchiveError, ArchiveFullError, ConfigError, LeaseLostError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -46,6 +52,15 @@ if TYPE_CHECKING:
 __all__ = ["ArchiveCore"]
 
 logger = logging.getLogger(__name__)
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether a driver error says the storage is full (SQLite, the OS or PostgreSQL)."""
+    if getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" or getattr(exc, "sqlstate", None) == "53100":
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return "database or disk is full" in str(exc)
 
 
 class ArchiveCore(abc.ABC):
@@ -59,6 +74,8 @@ class ArchiveCore(abc.ABC):
     readonly: bool
     _schema_version: int = 0
     _tx_depth: int = 0
+    storage_fault: str | None = None
+    """Why the last write failed for lack of space (`ArchiveFullError`), or None once a write commits."""
     _DRIVER_ERRORS: ClassVar[tuple[type[BaseException], ...]] = ()
     _FOR_UPDATE: ClassVar[str] = ""
     _FOR_SHARE: ClassVar[str] = ""
@@ -139,6 +156,11 @@ class ArchiveCore(abc.ABC):
             try:
                 yield db
             except self._DRIVER_ERRORS as exc:
+                if storage_full(exc):
+                    raise ArchiveFullError(
+                        f"{self.path}: {what} failed: the archive's storage is full ({exc}); nothing was written, "
+                        "what was stored before is intact"
+                    ) from exc
                 raise ArchiveError(f"{self.path}: {what} failed: {exc}") from exc
 
     def _row(self, what: str, sql: str, params: Sequence[Any]) -> Any:
@@ -158,17 +180,23 @@ class ArchiveCore(abc.ABC):
             fence = self._default_fences.get(agent_id)
         if fence is not None:
             _check_fence_arg(fence, agent_id)
-        with self._reading(what) as db:
-            if self.readonly:
-                raise ArchiveError(f"{self.path}: opened readonly; cannot {what}")
-            with self._atomic(db):
-                self._tx_depth += 1
-                try:
-                    if fence is not None:
-                        self._check_fence(db, fence, what)
-                    yield db
-                finally:
-                    self._tx_depth -= 1
+        try:
+            with self._reading(what) as db:
+                if self.readonly:
+                    raise ArchiveError(f"{self.path}: opened readonly; cannot {what}")
+                with self._atomic(db):
+                    self._tx_depth += 1
+                    try:
+                        if fence is not None:
+                            self._check_fence(db, fence, what)
+                        yield db
+                    finally:
+                        self._tx_depth -= 1
+        except ArchiveFullError as exc:
+            self.storage_fault = str(exc)
+            raise
+        if not self._tx_depth:  # committed: the storage takes writes again
+            self.storage_fault = None
 
     @property
     def _default_fences(self) -> dict[str, Lease]:

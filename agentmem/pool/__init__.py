@@ -20,6 +20,7 @@
 * `state` — the agent record (`AgentState`) with its invariants, counters, and the shared `PoolCore`.
 * `stats` — `MemoryPool.stats()`.
 * `results` — `Usage`, `Timings`, `ChatResult`, `ChatStream`.
+* `lifetime` — calls in flight, their cancel flags, and a `close` that frees native handles only when none is inside.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.trimming import Trimmer
 
 if TYPE_CHECKING:
+    from agentmem.pool.lifetime import Cancel
     from agentmem.pool.results import Timings
 
 __all__ = ["Decoder"]
@@ -60,12 +61,15 @@ class Decoder:
         #: how long a batch leader waits for the other generating agents to join (seconds)
         self.batch_wait_s = 0.002
 
-    def prefill(self, a: AgentState, tokens: Sequence[int], spans: Any, sampler: Sampler | None, t: Timings) -> int | None:
+    def prefill(self, a: AgentState, tokens: Sequence[int], spans: Any, sampler: Sampler | None, t: Timings, *,
+                cancel: Cancel | None = None) -> int | None:
         """Decode `tokens` after `a`'s ledger; sample one token if `sampler`.
 
         Decoding and sampling happen under one lock hold so no other sequence's
         decode can overwrite the logits in between. With a token budget, the
-        agent is trimmed before a chunk would push it over.
+        agent is trimmed before a chunk would push it over. `cancel` is checked
+        before every chunk: a cancelled call stops there, its ledger holding the
+        chunks already decoded (consistent with its KV).
         """
         core = self.core
         ctx = core.ctx
@@ -76,6 +80,8 @@ class Decoder:
             start = 0
             idx = -1
             while start < n:
+                if cancel is not None:
+                    cancel.check()
                 chunk = tokens[start : start + step]
                 if budget and a.ledger.n_live + len(chunk) + 1 > budget:
                     target = max(0, min(int(budget * core.config.eviction_low), budget - len(chunk) - 1))

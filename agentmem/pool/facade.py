@@ -8,14 +8,14 @@ share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
 that is generating is *busy* and is never parked under its feet. Async methods
-run the blocking work in worker threads so the event loop never blocks.
+run the blocking work in worker threads; `close` is safe at any moment (`lifetime`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -24,10 +24,11 @@ from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ArchiveError, ConfigError
+from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.policy.placement import priority_weight
 from agentmem.pool.hints import HintMethods
+from agentmem.pool.lifetime import Lifetime, free_pool, in_use
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
@@ -92,6 +93,7 @@ class MemoryPool(HintMethods, TenantMethods):
         self.config = base.replace(**options) if options else base
         cfg = self.config
         self._closed = True  # until fully built, close() is a no-op
+        self._life = Lifetime()  # who uses the native handles (close frees them when nobody does)
         self._core = core = open_core(cfg)
         self.model_path, self.model, self.ctx = core.model_path, core.model, core.ctx
         self.renderer, self.fingerprint, self.capacity = core.renderer, core.fingerprint, core.capacity
@@ -122,26 +124,16 @@ class MemoryPool(HintMethods, TenantMethods):
         )
 
     # ------------------------------------------------------------------ lifetime
-    def close(self) -> None:
-        """Persist agents to the archive (if any), then free everything (idempotent)."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Persist agents to the archive (if any), then free everything (idempotent; any thread, any moment).
+
+        Calls in flight stop with `PoolClosedError` at their next prefill chunk or decode step; close waits up to
+        `timeout_s` for them and frees native handles only when no call uses them (`agentmem.pool.lifetime`).
+        """
         if self._closed:
             return
-        core = self._core
-        try:
-            self._prefetcher.stop()
-            if core.archive is not None:
-                failed = self._mover.save_all(final=True)
-                if failed:
-                    logger.error("could not save %d agent(s) to %s on close: %s", len(failed), self.config.archive_path, failed)
-        finally:
-            self._closed = core.closed = True
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            if core.archive is not None:
-                core.archive.close()
-            if core.recall_store is not core.archive:
-                core.recall_store.close()
-            self.ctx.close()
-            self.model.close()
+        self._closed = self._core.closed = True
+        self._life.close(lambda: free_pool(self._core, self._prefetcher, self._mover, self._executor), timeout_s=timeout_s)
 
     @property
     def closed(self) -> bool:
@@ -154,9 +146,14 @@ class MemoryPool(HintMethods, TenantMethods):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def storage_fault(self) -> str | None:
+        """Why the archive refused the last write for lack of space (`ArchiveFullError`); None once one commits."""
+        return None if self._core.archive is None else self._core.archive.storage_fault
+
     def _check_open(self) -> None:
         if self._closed:
-            raise AgentMemError("the pool is closed")
+            raise PoolClosedError("the pool is closed")
 
     @property
     def batch_wait_s(self) -> float:
@@ -208,6 +205,7 @@ class MemoryPool(HintMethods, TenantMethods):
         return self.chat_stream(agent_id, messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
                                 tools=tools, canonical_calls=canonical_calls, opening=opening, **sampling).drain()
 
+    @in_use
     def chat_stream(
         self,
         agent_id: str,
@@ -233,8 +231,9 @@ class MemoryPool(HintMethods, TenantMethods):
         names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
         prompt, forced = self._turns.canon.opening(prompt, opening, self.renderer.tool_format)  # a forced call's
         watch = None if forced else watch_for(self.renderer.tool_format, names, canonical_calls)
-        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch, forced=forced)
-        return ChatStream(self._tracked(agent_id, run, tools, self.renderer.tool_format))
+        cancel = self._life.cancel_flag()
+        run = self._turns.run(agent_id, prompt, params, n_messages=len(msgs), watch=watch, forced=forced, cancel=cancel)
+        return ChatStream(self._life.stream(self._tracked(agent_id, run, tools, self.renderer.tool_format)), cancel=cancel)
 
     def complete(
         self, agent_id: str, prompt: str, *, max_tokens: int = 256, temperature: float = 0.0,
@@ -244,6 +243,7 @@ class MemoryPool(HintMethods, TenantMethods):
         return self.complete_stream(agent_id, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
                                     **sampling).drain()
 
+    @in_use
     def complete_stream(
         self, agent_id: str, prompt: str, *, max_tokens: int = 256, temperature: float = 0.0,
         stop: str | Sequence[str] | None = None, **sampling: Any,
@@ -252,8 +252,9 @@ class MemoryPool(HintMethods, TenantMethods):
         self._check_open()
         check.agent_id(agent_id)
         params = self._params(max_tokens, temperature, stop, sampling)
-        run = self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1)
-        return ChatStream(self._tracked(agent_id, run, None, None))
+        cancel = self._life.cancel_flag()
+        run = self._turns.run(agent_id, self.renderer.render_text(prompt), params, n_messages=1, cancel=cancel)
+        return ChatStream(self._life.stream(self._tracked(agent_id, run, None, None)), cancel=cancel)
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any] | Message], **kw: Any) -> ChatResult:
         """Async `chat` (runs in a worker thread; never blocks the event loop)."""
@@ -281,6 +282,7 @@ class MemoryPool(HintMethods, TenantMethods):
             yield item
 
     # ------------------------------------------------------------------ agents
+    @in_use
     def stats(self) -> dict[str, Any]:
         """Where every agent's KV lives and what the pool did.
 
@@ -294,7 +296,6 @@ class MemoryPool(HintMethods, TenantMethods):
         occupies there (for an agent with a shared `block`: its private cells;
         the block's bytes are under `"shared"`, counted once).
         """
-        self._check_open()
         with self._core.lock:
             return {**pool_stats(self._core), "hints": self._hints.stats()}
 
@@ -304,6 +305,7 @@ class MemoryPool(HintMethods, TenantMethods):
         with self._core.lock:
             return list(self._core.agents)
 
+    @in_use
     def forget(self, agent_id: str) -> None:
         """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
         self._check_open()
@@ -315,6 +317,7 @@ class MemoryPool(HintMethods, TenantMethods):
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
+    @in_use
     def park(self, agent_id: str, tier: str = "warm") -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
         self._check_open()
@@ -372,6 +375,7 @@ class MemoryPool(HintMethods, TenantMethods):
                 )
             return led.set_pinned(message_index, pinned)
 
+    @in_use
     def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
         """Declare a shared prefix (team brief, task, document); returns its token count.
 
@@ -393,6 +397,7 @@ class MemoryPool(HintMethods, TenantMethods):
                 self._turns.run(agent_id, prefix, SamplingParams(max_tokens=0), n_messages=n)).drain(),
         )
 
+    @in_use
     def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
         """Start `dst`'s context as `src`'s (its first `upto` history tokens), without recompute.
 
@@ -410,9 +415,9 @@ class MemoryPool(HintMethods, TenantMethods):
         with self._core.lock:
             return self._sharing.handoff(src, dst, upto)
 
+    @in_use
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
         """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
-        self._check_open()
         check.agent_id(agent_id, internal=True)
         check.bounded_int(k, field="k", lo=0, hi=10_000)
         if not isinstance(query, str):
@@ -436,11 +441,11 @@ class MemoryPool(HintMethods, TenantMethods):
         with self._core.lock:
             return self._core.agent(agent_id).ledger.tokens.tolist()
 
+    @in_use
     def count_tokens(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
     ) -> int:
         """Prompt tokens the messages (and `tools`, as `chat` shows them) render to, chat template included."""
-        self._check_open()
         return len(self.renderer.render(check.message_list(messages), tools=tools))
 
     @property
@@ -449,19 +454,20 @@ class MemoryPool(HintMethods, TenantMethods):
         return self.renderer.tool_format
 
     # ------------------------------------------------------------------ durability
+    @in_use
     def checkpoint(self) -> None:
         """Write every agent's ledger and state to the archive (hot ones stay hot).
 
         An agent that cannot be stored does not stop the others: every other
         agent is written, then `ArchiveError` names the ones that failed.
         """
-        self._check_open()
         if self._core.archive is None:
             raise ConfigError("checkpoint() needs archive_path or archive_url")
         failed = self._mover.save_all(final=False)
         if failed:
-            raise ArchiveError(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
+            raise (ArchiveFullError if self.storage_fault else ArchiveError)(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
 
+    @in_use
     def commit(self, agent_id: str) -> bool:
         """Write `agent_id`'s ledger and state to the archive now; it stays where it is.
 

@@ -69,10 +69,16 @@ class ChatResult:
 
 
 class ChatStream(Iterator[str]):
-    """Iterator over text pieces of a streaming call; `result` is set at the end."""
+    """Iterator over text pieces of a streaming call; `result` is set at the end.
 
-    def __init__(self, gen: Iterator[str | ChatResult]) -> None:
+    `cancel()` (any thread) stops the call at its next prefill chunk or decode step: the
+    thread iterating gets `CallCancelledError`. `close()` (the iterating thread, or while
+    nobody iterates) stops it and frees the agent.
+    """
+
+    def __init__(self, gen: Iterator[str | ChatResult], *, cancel: Any = None) -> None:
         self._gen = gen
+        self._cancel = cancel  # an `agentmem.pool.lifetime.Cancel`, or None (not cancellable)
         self.result: ChatResult | None = None
 
     def __iter__(self) -> ChatStream:
@@ -96,6 +102,11 @@ class ChatStream(Iterator[str]):
     def close(self) -> None:
         """Stop generating (frees the agent for other calls)."""
         self._gen.close()  # type: ignore[attr-defined]
+
+    def cancel(self) -> None:
+        """Ask the call to stop at its next prefill chunk or decode step (thread-safe, idempotent)."""
+        if self._cancel is not None:
+            self._cancel.set("cancelled")
 
 
 async def drive_async(stream: ChatStream) -> AsyncIterator[str | ChatResult]:

@@ -27,10 +27,11 @@ from typing import Callable, Iterator
 
 from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
-from agentmem.errors import AgentMemError, ContextOverflowError
+from agentmem.errors import AgentMemError, ContextOverflowError, PoolClosedError
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.canon import CallCanon, Opening
 from agentmem.pool.decoder import Decoder
+from agentmem.pool.lifetime import Cancel
 from agentmem.pool.mover import Mover
 from agentmem.pool.results import ChatResult, Timings, Usage
 from agentmem.pool.sharing import Sharing
@@ -73,17 +74,19 @@ class TurnRunner:
 
     def run(
         self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int,
-        watch: BareCallWatch | None = None, forced: Opening | None = None,
+        watch: BareCallWatch | None = None, forced: Opening | None = None, cancel: Cancel | None = None,
     ) -> Iterator[str | ChatResult]:
         """The call as a generator of text pieces, ending with its `ChatResult`.
 
         `watch`: tools are offered freely; a reply that opens as a bare call to one of
         them is rewritten in the KV with the format's opening (`agentmem.pool.canon`).
         `forced`: the prompt ends with a forced call's opening (`CallCanon.opening`).
+        `cancel`: checked before every prefill chunk and decode step (`agentmem.pool.lifetime`);
+        once set the call raises `CallCancelledError` / `PoolClosedError` there.
         """
         core = self.core
         if core.closed:
-            raise AgentMemError("the pool is closed")
+            raise PoolClosedError("the pool is closed")
         t0 = time.perf_counter()
         a = self._admit(agent_id, len(prompt.tokens))
         sampler: Sampler | None = None
@@ -99,14 +102,14 @@ class TurnRunner:
                 a.ledger.retag(n_keep, prompt.spans)  # the kept prefix as this prompt renders it
                 kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
             sampler = Sampler(core.model.vocab, core.model.n_vocab, params) if params.max_tokens > 0 else None
-            tok = self._prefill(a, prompt, n_keep, sampler, timings)
+            tok = self._prefill(a, prompt, n_keep, sampler, timings, cancel)
             t_first = time.perf_counter()
             with core.lock:
                 self.decoder.generating += 1
                 generating = True
             asm = TextAssembler(params.stop)
             completion: list[int] = []
-            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings, watch, forced)
+            finish = yield from self._generate(a, tok, sampler, params, asm, completion, timings, watch, forced, cancel)
             with core.lock:
                 self.decoder.generating -= 1
                 generating = False
@@ -227,12 +230,13 @@ class TurnRunner:
             timings.restore_s += time.perf_counter() - ts
         return shared
 
-    def _prefill(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, sampler: Sampler | None, timings: Timings) -> int | None:
+    def _prefill(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, sampler: Sampler | None, timings: Timings,
+                 cancel: Cancel | None = None) -> int | None:
         """Decode the prompt's new tokens; the first sampled token (None without a sampler)."""
         core = self.core
         tp = time.perf_counter()
         new = prompt.tokens[n_keep:]
-        tok = self.decoder.prefill(a, new, prompt.spans, sampler, timings)
+        tok = self.decoder.prefill(a, new, prompt.spans, sampler, timings, cancel=cancel)
         a.prompt_end = (len(a.ledger), a.ledger.n_live)
         timings.prefill_s = time.perf_counter() - tp
         a.counters["prefill_tokens"] += len(new)
@@ -244,7 +248,7 @@ class TurnRunner:
     def _generate(
         self, a: AgentState, tok: int | None, sampler: Sampler | None, params: SamplingParams,
         asm: TextAssembler, completion: list[int], timings: Timings, watch: BareCallWatch | None,
-        forced: Opening | None = None,
+        forced: Opening | None = None, cancel: Cancel | None = None,
     ) -> Iterator[str]:
         """Sample until end of turn, a stop string or `max_tokens`; yields text pieces, returns the finish reason."""
         core = self.core
@@ -274,6 +278,8 @@ class TurnRunner:
             if len(completion) >= params.max_tokens or (not budget and a.ledger.n_live + 1 >= core.capacity):
                 break
             assert sampler is not None
+            if cancel is not None:
+                cancel.check()  # a client gone or the pool closing: stop before the next step
             tok = self.decoder.step(a, tok, sampler, timings)
         return "length"
 

@@ -200,11 +200,11 @@ class Engine:
             return
         pool = self._pool()
         if call.messages is not None:
-            n = await asyncio.to_thread(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
+            n = await self.queue.call(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
             if call.sampling.get("opening"):  # a forced call's opening, sent apart from the messages
                 n += len(pool.model.tokenize(call.sampling["opening"], parse_special=False))
         else:
-            n = len((await asyncio.to_thread(pool.renderer.render_text, call.prompt or "")).tokens)
+            n = len((await self.queue.call(pool.renderer.render_text, call.prompt or "")).tokens)
         if n > limit:
             raise ApiError(413, f"the prompt has {n} tokens; this server accepts at most {limit}",
                            code="request_too_large", param="messages" if call.messages is not None else "prompt")
@@ -256,7 +256,7 @@ class Engine:
                     results.append(await self._once(call))
                     reply = read_reply(call, results[-1].text)
                 rewrite = None
-                if reply.written_back is not None and not await asyncio.to_thread(self._kv_holds, call, reply):
+                if reply.written_back is not None and not await self.queue.call(self._kv_holds, call, reply):
                     rewrite = await self._once(call.rewrite_call(reply.written_back))
                 rest = holder.rest(reply)
                 if rest:
@@ -265,7 +265,7 @@ class Engine:
                     await self.replica.commit(call.agent_id)  # fenced by the agent's lease
                 elif self.settings.durability == "call":
                     # still holding the agent: the state written is the one this call left
-                    await asyncio.to_thread(self._pool().commit, call.agent_id)
+                    await self.queue.call(self._pool().commit, call.agent_id)
                 yield ("done", Outcome(call, results, reply, retried, rewrite))
         finally:
             self.processing -= 1
@@ -296,7 +296,7 @@ class Engine:
     # ------------------------------------------------------------------ agents
     async def _do(self, fn: Any, *args: Any) -> Any:
         self._pool()
-        return await asyncio.to_thread(fn, *args)
+        return await self.queue.call(fn, *args)
 
     @staticmethod
     def _info(agent_id: str, raw: dict[str, Any]) -> dict[str, Any]:

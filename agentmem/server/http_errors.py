@@ -14,7 +14,8 @@ clients read into their exceptions (`openai.BadRequestError` for 400, ...).
 | body or prompt too large | 413 | `request_too_large` |
 | the key's concurrency limit | 429 | `rate_limit_exceeded` |
 | the key's agent or parked-bytes quota (`param`: `max_agents`, `max_parked_bytes`) | 429 | `quota_exceeded` |
-| the server is starting or shutting down | 503 | `unavailable` |
+| the server is starting or shutting down, `PoolClosedError` | 503 | `unavailable` |
+| `ArchiveFullError`: the archive's disk is full (nothing was written; `/health` says `degraded`) | 507 | `insufficient_storage` |
 | `LeaseHeldError`: another replica serves the agent (cluster mode; `Retry-After`) | 503 | `agent_elsewhere` |
 | `LeaseLostError`: this replica lost the agent mid-call (cluster mode; `Retry-After`) | 503 | `lease_lost` |
 | anything else (a server fault, logged) | 500 | `internal_error` |
@@ -28,6 +29,7 @@ from typing import Any
 
 from agentmem.errors import (
     AgentMemError,
+    ArchiveFullError,
     ChatTemplateError,
     ConfigError,
     ContextOverflowError,
@@ -35,6 +37,7 @@ from agentmem.errors import (
     LeaseLostError,
     MessageError,
     PolicyError,
+    PoolClosedError,
     UnknownAgentError,
 )
 
@@ -43,7 +46,8 @@ __all__ = ["ApiError", "error_body", "from_exception"]
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
+          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
+          507: "server_error"}
 
 
 class ApiError(Exception):
@@ -86,6 +90,12 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, LeaseLostError):
         return ApiError(503, f"{exc}; the call's result was not stored, retry it", code="lease_lost",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, ArchiveFullError):
+        logger.error("archive full: %s", exc)
+        return ApiError(507, "the archive's storage is full: the agent's state was not stored (what was stored "
+                             "before is intact); retry once space is freed", code="insufficient_storage")
+    if isinstance(exc, PoolClosedError):
+        return ApiError(503, "the server is shutting down", code="unavailable")
     if isinstance(exc, UnknownAgentError):
         # the pool's message may describe the pool (how many agents it knows): the body says
         # only what the caller asked for, never anything about other tenants' agents

@@ -4,17 +4,23 @@ Each route resolves the agent, takes a concurrency slot, prepares the call and r
 through the `Engine`. A stream starts only once the call has produced its first event,
 so every error before the first token (a bad message, a prompt over the context) is a
 proper HTTP error; a later one ends the stream with an `error` event.
+
+Disconnects cancel work: until a response starts (a whole non-streaming call, a stream's
+prefill up to its first event) the route watches `request.is_disconnected()`; a client
+gone cancels the call, which stops in the pool at its next prefill chunk or decode step.
+Once a stream runs, `SSEResponse` notices the disconnect and closes it the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -32,6 +38,13 @@ __all__ = ["SSEResponse", "router"]
 logger = logging.getLogger(__name__)
 
 router = APIRouter()
+
+_T = TypeVar("_T")
+_POLL_S = 0.05  # how often a call waiting for its first event checks that its client is still there
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the response started (the call was cancelled)."""
 
 
 class SSEResponse(StreamingResponse):
@@ -96,29 +109,62 @@ async def _sse(eng: Engine, first: Event, events: AsyncIterator[Event], lease: L
         lease.release()
 
 
+async def _unless_gone(request: Request, work: Awaitable[_T]) -> _T:
+    """`await work`, cancelling it when the client disconnects first (raises `_ClientGone` then)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise _ClientGone
+    finally:
+        if not task.done():
+            task.cancel()  # the pool call stops at its next prefill chunk or decode step
+            with contextlib.suppress(BaseException):
+                await task
+
+
 def _agent(eng: Engine, who: Principal, request: Request, user: str | None, agent_id: str | None) -> str:
     return resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=agent_id,
                             anonymous=eng.settings.anonymous)
 
 
 async def _respond(
-    eng: Engine, who: Principal, agent_id: str, prepare: Callable[[], Awaitable[Any]], stream: bool, *,
+    eng: Engine, who: Principal, agent_id: str, request: Request, prepare: Callable[[], Awaitable[Any]],
+    stream: bool, *,
     reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
 ) -> Any:
-    """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end."""
+    """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end.
+
+    Until the response starts, a client that disconnects cancels the call (`_unless_gone`).
+    """
     lease = await eng.admit_call(who, agent_id)
     streaming = False
-    try:
+    events: AsyncIterator[Event] | None = None
+
+    async def until_first() -> Any:
+        nonlocal events
         call = await prepare()
         if not stream:
-            return JSONResponse(reply(await eng.collect(call)))
+            return await eng.collect(call)
         events = eng.run(call)
-        first = await _start(events)
+        return await _start(events)
+
+    try:
+        out = await _unless_gone(request, until_first())
+        if not stream:
+            return JSONResponse(reply(out))
+        assert events is not None
         streaming = True  # the stream releases the lease
+    except _ClientGone:
+        eng.metrics.observe_disconnect()
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
     finally:
         if not streaming:
             lease.release()
-    return SSEResponse(_sse(eng, first, events, lease, head, render))
+    return SSEResponse(_sse(eng, out, events, lease, head, render))
 
 
 @router.post("/v1/chat/completions")
@@ -137,7 +183,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await _respond(
-        eng, who, agent_id, lambda: eng.prepare_chat(agent_id, req), bool(req.stream), reply=lambda out: R.chat_completion(ids, out),
+        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, req), bool(req.stream),
+        reply=lambda out: R.chat_completion(ids, out),
         render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
     )
 
@@ -161,7 +208,8 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await _respond(
-        eng, who, agent_id, lambda: eng.prepare_completion(agent_id, req), bool(req.stream), reply=lambda out: R.completion(ids, out),
+        eng, who, agent_id, request, lambda: eng.prepare_completion(agent_id, req), bool(req.stream),
+        reply=lambda out: R.completion(ids, out),
         render=render, head=[],
     )
 
@@ -175,8 +223,18 @@ async def models(who: Principal = Depends(principal), eng: Engine = Depends(engi
 
 @router.get("/health")
 async def health(eng: Engine = Depends(engine)) -> JSONResponse:
-    """`{"status": "ok"}` when calls can be served; 503 while loading or shutting down (no key needed)."""
+    """`{"status": "ok"}` when calls can be served; 503 while loading or shutting down (no key needed).
+
+    `{"status": "degraded", "archive": "full"}` (still 200: the process serves calls from RAM, and
+    restarting it would lose the agents the archive could not take) while the archive's storage
+    refuses writes; it is `ok` again once a write commits.
+    """
     if eng.ready:
+        assert eng.pool is not None
+        if eng.pool.storage_fault:
+            return JSONResponse({"status": "degraded", "archive": "full",
+                                 "error": {"code": "insufficient_storage",
+                                           "message": "the archive's storage is full; agents are kept in RAM"}})
         return JSONResponse({"status": "ok"})
     status = "shutting down" if eng.queue.closing else "loading model"
     return JSONResponse({"status": status, "error": {"code": 503, "message": status}}, status_code=503)

@@ -7,10 +7,13 @@
   pool batches their decode steps. Waiting for it costs no thread.
 * `stream` runs a blocking `ChatStream` in a thread of its own and hands its pieces to
   the event loop, so the loop never blocks. Closing the async iterator (a client that
-  disconnects, a cancelled request) stops the worker at the next token and closes the
-  stream, which frees the agent in the pool.
-* `shutdown` refuses new requests, lets running streams finish for a grace period,
-  stops the rest and waits for their threads, so the pool can then close safely.
+  disconnects, a cancelled request) cancels the pool call, which stops at its next
+  prefill chunk or decode step (`ChatStream.cancel`), and closes the stream, which frees
+  the agent in the pool.
+* `call` runs any other blocking pool work (counting a prompt's tokens, a commit, an
+  agent operation) in a thread that `shutdown` waits for, like a stream's.
+* `shutdown` refuses new requests, lets running streams and calls finish for a grace
+  period, stops the rest and waits for their threads, so the pool can then close safely.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from agentmem.pool import ChatResult, ChatStream
 from agentmem.server.auth import Principal
@@ -32,6 +35,7 @@ __all__ = ["AgentQueue", "Lease"]
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -50,8 +54,18 @@ class Lease:
 
 @dataclass(eq=False)
 class _Run:
+    """One worker thread: `stop` asks it to end, `done` says it has; `stream` is its pool stream."""
+
     stop: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    stream: ChatStream | None = None
+
+    def cancel(self) -> None:
+        """Stop the worker: at its next piece, and inside the pool at the next prefill chunk or decode step."""
+        self.stop.set()
+        stream = self.stream
+        if stream is not None:
+            stream.cancel()
 
 
 class AgentQueue:
@@ -145,7 +159,9 @@ class AgentQueue:
         def worker() -> None:
             stream: ChatStream | None = None
             try:
-                stream = open_stream()
+                stream = run.stream = open_stream()
+                if run.stop.is_set():  # cancelled while the prompt was rendered
+                    stream.cancel()
                 for piece in stream:
                     if run.stop.is_set():
                         break
@@ -175,7 +191,39 @@ class AgentQueue:
                     raise item
                 yield item
         finally:
-            run.stop.set()
+            run.cancel()
+
+    async def call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` in a worker thread that `shutdown` waits for (the pool must outlive it).
+
+        A cancelled await does not stop the thread; `shutdown` still waits for it.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[_T] = loop.create_future()
+        run = _Run()
+        with self._runs_lock:
+            self._runs.add(run)
+
+        def settle(value: Any, exc: BaseException | None) -> None:
+            if not fut.done():
+                fut.set_exception(exc) if exc is not None else fut.set_result(value)
+
+        def worker() -> None:
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = fn(*args)
+            except BaseException as exc:  # every error goes to the awaiting task
+                error = exc
+            finally:
+                with self._runs_lock:
+                    self._runs.discard(run)
+                run.done.set()
+            with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter shutdown)
+                loop.call_soon_threadsafe(settle, value, error)
+
+        threading.Thread(target=worker, name="agentmem-call", daemon=True).start()
+        return await fut
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self, grace_s: float) -> None:
@@ -192,7 +240,7 @@ class AgentQueue:
         if runs:
             logger.warning("cancelling %d in-flight request(s) at shutdown", len(runs))
         for r in runs:
-            r.stop.set()
+            r.cancel()
         for r in runs:
             if not await asyncio.to_thread(r.done.wait, 30.0):
                 logger.error("a worker thread did not stop within 30 s")
