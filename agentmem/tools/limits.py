@@ -77,7 +77,7 @@ MAX_PATTERN_LENGTH = 1_000
 MAX_PATTERN_REPEAT = 256
 """Largest count in a `pattern` quantifier `{m,n}` (written as nested optional groups too)."""
 
-MAX_GRAMMAR_BYTES = 4 * 1024 * 1024
+MAX_GRAMMAR_BYTES = 1024 * 1024
 """Largest GBNF text handed to llama.cpp, in UTF-8 bytes."""
 
 MAX_GRAMMAR_NESTING = 512
