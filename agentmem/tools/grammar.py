@@ -93,7 +93,7 @@ def _format(rules: Mapping[str, str]) -> str:
 
 def _parse(grammar: str) -> dict[str, str]:
     rules: dict[str, str] = {}
-    for line in grammar.splitlines():
+    for line in grammar.split("\n"):  # not splitlines(): a literal may hold \u2028, \x1c, ... raw
         name, sep, body = line.partition(" ::= ")
         if sep:
             rules[name.strip()] = body.strip()
@@ -129,7 +129,12 @@ def closed_parameters(params: Mapping[str, Any] | None, *, field: str = "paramet
     """A tool's parameter schema as a closed object: no properties beyond the declared ones.
 
     A tool without parameters (or `{"type": "object"}`) takes exactly `{}`.
+
+    Raises:
+        ConfigError: `params` is not a JSON object (or is over a limit: `GrammarLimitError`).
     """
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(f"{field} must be a JSON schema object, got {type(params).__name__}")
     p = dict(clean_schema(params or {}, field=field))
     p.setdefault("type", "object")
     p.setdefault("properties", {})
@@ -165,6 +170,17 @@ def _long_string(schema: Mapping[str, Any], ranges: dict[str, str]) -> dict[str,
     return _placeholder(ranges, f'"\\"" {body} "\\""')
 
 
+def _constants(schema: Mapping[str, Any]) -> list[Any] | None:
+    """The values of a `const`/`enum` the converter would write (its literals do not escape `\\`)."""
+    if any(k in schema for k in ("$ref", "oneOf", "anyOf")) or isinstance(schema.get("type"), list):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return list(schema["enum"])
+    return None
+
+
 def _placeholder_ints(schema: Any, ranges: dict[str, str]) -> Any:
     """`schema` with each bounded integer (and each long string) replaced by a constant; `ranges`
     maps its literal to a GBNF body."""
@@ -172,6 +188,11 @@ def _placeholder_ints(schema: Any, ranges: dict[str, str]) -> Any:
         return schema
     if schema.get("type") == "string" and (long := _long_string(schema, ranges)) is not None:
         return long
+    if (values := _constants(schema)) is not None:
+        texts = [json.dumps(v, ensure_ascii=False) for v in values]
+        if any("\\" in t for t in texts):  # an escape in the JSON text: the converter would garble it
+            body = " | ".join(_literal(t) for t in texts)
+            return _placeholder(ranges, body if len(texts) == 1 else f"( {body} )")
     if schema.get("type") == "integer" and any(k in schema for k in BOUND_KEYS):
         lo, hi = int_bounds(schema)
         if lo is not None or hi is not None:
@@ -242,7 +263,11 @@ def _convert(
     if any(_STRING_CHAR in body for body in ranges.values()):
         rules.update({_STRING_CHAR: _STRING_CHAR_BODY, **repeat_rules(_STRING_CHAR, 0, 0)[1]})
     rename = {n: (prefix if n == "root" else f"{prefix}-{n}") if prefix else n for n in rules}
-    return {rename[n]: _respace(body, rename, ranges) for n, body in rules.items()}
+    out = {rename[n]: _respace(body, rename, ranges) for n, body in rules.items()}
+    if empty := [n for n, body in out.items() if not body]:
+        raise ConfigError(f"{field}: part of the schema matches no value (an empty enum, anyOf or type list: "
+                          f"rule {empty[0]!r})")
+    return out
 
 
 def schema_grammar(schema: Mapping[str, Any], *, prop_order: Sequence[str] = ()) -> str:

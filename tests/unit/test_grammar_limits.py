@@ -267,3 +267,22 @@ def test_check_grammar_limits() -> None:
 
 def test_errors_are_agentmem_errors() -> None:
     assert issubclass(GrammarLimitError, ConfigError) and issubclass(GrammarLimitError, AgentMemError)
+
+
+def test_fuzz_findings_escaped_constants_separators_and_empty_enums(tiny_model_path: Path) -> None:
+    """Found by tests/unit/test_grammar_fuzz.py: constants with `\\` or `"` became GBNF llama.cpp refused (or read
+    wrongly), a tool name with U+2028 split a rule in two, an empty enum gave an empty rule, junk parameters a TypeError."""
+    from agentmem import MemoryPool
+
+    g = schema_grammar({"enum": ["a\\b", 'x"y', {"k\\": None}]})
+    assert native_verdict(tiny_model_path, g) == "ok"
+    with MemoryPool(str(tiny_model_path), n_ctx=512, n_threads=1) as pool:
+        assert json.loads(pool.chat("a", HI, max_tokens=20, grammar=g).text) in ["a\\b", 'x"y', {"k\\": None}]
+    from agentmem.tools import TOOL_FORMATS
+
+    for fmt in TOOL_FORMATS.values():
+        assert native_verdict(tiny_model_path, fmt.forced([{"name": "a\u2028b"}])[1]) == "ok"
+    with pytest.raises(ConfigError, match="matches no value"):
+        schema_grammar({"type": "object", "properties": {"a": {"enum": []}}})
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.parameters must be a JSON schema object"):
+        tool_call_grammar([{"name": "f", "parameters": [1]}])
