@@ -88,7 +88,7 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, UnknownAgentError):
         return ApiError(404, str(exc), code="agent_not_found")
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
-        return ApiError(400, str(exc), code="invalid_request")
+        return ApiError(400, str(exc), code="invalid_request", param=getattr(exc, "field", None))
     if type(exc) is AgentMemError and "is generating" in str(exc):
         return ApiError(409, str(exc), code="agent_busy")
     if type(exc) is AgentMemError and "closed" in str(exc):

@@ -119,6 +119,7 @@ def test_finding1_large_max_items_in_response_format_is_a_400(serve: Any) -> Non
     assert alive, "the server died"
     assert status == 400, body
     assert body["error"]["message"].startswith("response_format.json_schema.schema.maxItems: 30000 is over the limit")
+    assert body["error"]["param"] == "response_format.json_schema.schema.maxItems"
 
 
 def test_finding1_large_bounds_in_a_required_tool_keep_the_server_alive(serve: Any) -> None:
