@@ -6,6 +6,7 @@ application can catch the whole family with one `except`:
 ```text
     AgentMemError
     ├── ConfigError              a configuration value is invalid (names the field)
+    │   └── GrammarLimitError    a schema or grammar is over a size, depth or count limit
     ├── ModelError               the model cannot be found, loaded or used
     │   ├── ModelNotFoundError   no model at the path / default model not installed
     │   └── ChatTemplateError    the model's chat template does not compile, breaks the
@@ -50,6 +51,7 @@ __all__ = [
     "ContextOverflowError",
     "EngineError",
     "FingerprintMismatch",
+    "GrammarLimitError",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -69,6 +71,20 @@ class AgentMemError(Exception):
 
 class ConfigError(AgentMemError, ValueError):
     """A configuration value is invalid; the message names the field."""
+
+
+class GrammarLimitError(ConfigError):
+    """A JSON schema, tool definition or GBNF grammar is over one of the limits of
+    `agentmem.engine.grammar_limits` (size, nesting depth, a repetition count, grammar size).
+
+    Attributes:
+        field: where, as a path into the request or the call (`response_format.json_schema.schema.maxLength`,
+            `tools[0].function.parameters.properties.q`, `grammar`).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ModelError(AgentMemError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -21,6 +22,7 @@ import llama_cpp as _ll
 import numpy as np
 
 from agentmem.errors import ConfigError, EngineError
+from agentmem.engine.grammar_limits import check_grammar
 from agentmem.validation import bounded_int, finite_float, text
 
 __all__ = ["Sampler", "SamplingParams", "TextAssembler"]
@@ -40,7 +42,9 @@ class SamplingParams:
         repeat_last_n: window for `repeat_penalty`.
         seed: seed of the random draw (ignored when greedy).
         stop: strings that end the generation; they are not included in the text.
-        grammar: a GBNF grammar (root rule `root`) constraining the output.
+        grammar: a GBNF grammar (root rule `root`) constraining the output; checked against
+            `agentmem.engine.grammar_limits` (size, nesting, repetition counts, rule chains) before
+            llama.cpp's recursive parser sees it (`GrammarLimitError`, a `ConfigError`, names `grammar`).
     """
 
     max_tokens: int = 256
@@ -69,6 +73,8 @@ class SamplingParams:
         set_(self, "seed", bounded_int(self.seed, field="seed", lo=0, hi=2**32 - 1))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be a GBNF string or None, got {type(self.grammar).__name__}")
+        if self.grammar:
+            _checked_grammar(self.grammar)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
         for j, s in enumerate(self.stop):
@@ -88,6 +94,12 @@ class SamplingParams:
         else:
             stops = tuple(stop)
         return cls(stop=stops, **{k: v for k, v in kw.items() if v is not None})  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_grammar(grammar: str) -> None:
+    """`check_grammar`, once per grammar text (forced grammars repeat call after call)."""
+    check_grammar(grammar, field="grammar")
 
 
 class Sampler:

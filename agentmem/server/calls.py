@@ -44,6 +44,7 @@ from agentmem.tools import (
     with_system_block,
 )
 from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
+from agentmem.engine.grammar_limits import check_schema
 from agentmem.tools.parse import CallGate
 
 __all__ = ["PoolCall", "Reply", "StreamHolder", "chat_call", "completion_call", "normalize_tool_choice", "read_reply"]
@@ -149,6 +150,7 @@ def _response_schema(fmt: ResponseFormat) -> dict[str, Any] | None:
     schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
     if not isinstance(schema, dict):
         raise ConfigError("response_format.json_schema.schema must be a JSON schema object")
+    check_schema(schema, field="response_format.json_schema.schema")  # before anything walks it
     return schema
 
 
@@ -200,8 +202,9 @@ def chat_call(
     if tools:
         specs = [
             {"name": t.function.name, "description": t.function.description or "",
-             "parameters": clean_schema(t.function.parameters or {"type": "object", "properties": {}})}
-            for t in tools
+             "parameters": clean_schema(t.function.parameters or {"type": "object", "properties": {}},
+                                        field=f"tools[{i}].function.parameters")}
+            for i, t in enumerate(tools)
         ]
         names = tuple(s["name"] for s in specs)
         if len(set(names)) != len(names):

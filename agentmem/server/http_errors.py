@@ -102,7 +102,7 @@ def from_exception(exc: BaseException) -> ApiError:
         shown = f"unknown agent {exc.agent_id!r}" if exc.agent_id is not None else "unknown agent"
         return ApiError(404, shown, code="agent_not_found")
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
-        return ApiError(400, str(exc), code="invalid_request")
+        return ApiError(400, str(exc), code="invalid_request", param=getattr(exc, "field", None))
     if type(exc) is AgentMemError and "is generating" in str(exc):
         return ApiError(409, str(exc), code="agent_busy")
     if type(exc) is AgentMemError and "closed" in str(exc):

@@ -299,7 +299,8 @@ class _JSONCallFormat(ToolFormat):
             name = t.get("name")
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"tools[{i}] needs a non-empty string 'name', got {name!r}")
-            rules.update(_convert(closed_parameters(t.get("parameters")), f"t{i}", f"tools[{i}] ({name!r}) parameters"))
+            params = closed_parameters(t.get("parameters"), field=f"tools[{i}].parameters")
+            rules.update(_convert(params, f"t{i}", f"tools[{i}] ({name!r}) parameters", field=f"tools[{i}].parameters"))
             head = json.dumps(name, ensure_ascii=False)[1:] + f', "{self.args_key}": '
             rules[f"t{i}-call"] = f"{_literal(head)} t{i}"
             alts.append(f"t{i}-call")

@@ -27,13 +27,14 @@ Functions:
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from agentmem.errors import ConfigError
+from agentmem.tools.int_range import BOUND_KEYS, int_bounds, integer_range
+from agentmem.engine.grammar_limits import check_schema, repeat_rules
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
@@ -92,7 +93,7 @@ def _format(rules: Mapping[str, str]) -> str:
 
 def _parse(grammar: str) -> dict[str, str]:
     rules: dict[str, str] = {}
-    for line in grammar.splitlines():
+    for line in grammar.split("\n"):  # not splitlines(): a literal may hold \u2028, \x1c, ... raw
         name, sep, body = line.partition(" ::= ")
         if sep:
             rules[name.strip()] = body.strip()
@@ -100,107 +101,45 @@ def _parse(grammar: str) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- schema cleaning
-def clean_schema(schema: Any) -> Any:
+def clean_schema(schema: Any, *, field: str = "schema") -> Any:
     """`schema` without its `title` strings (noise for the model, irrelevant to a grammar).
 
     Only a `title` whose value is a string is a title; a property named `title` stays.
 
     >>> clean_schema({"title": "Pet", "properties": {"title": {"type": "string", "title": "Title"}}})
     {'properties': {'title': {'type': 'string'}}}
+
+    Raises:
+        GrammarLimitError: (a `ConfigError`) the schema is over a limit of `agentmem.engine.grammar_limits`
+            (checked first, without recursion: a schema nested 10,000 deep is an error, not a `RecursionError`).
     """
+    check_schema(schema, field=field)
+    return _clean(schema)
+
+
+def _clean(schema: Any) -> Any:
     if isinstance(schema, Mapping):
-        return {k: clean_schema(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+        return {k: _clean(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
     if isinstance(schema, list):
-        return [clean_schema(v) for v in schema]
+        return [_clean(v) for v in schema]
     return schema
 
 
-def closed_parameters(params: Mapping[str, Any] | None) -> dict[str, Any]:
+def closed_parameters(params: Mapping[str, Any] | None, *, field: str = "parameters") -> dict[str, Any]:
     """A tool's parameter schema as a closed object: no properties beyond the declared ones.
 
     A tool without parameters (or `{"type": "object"}`) takes exactly `{}`.
+
+    Raises:
+        ConfigError: `params` is not a JSON object (or is over a limit: `GrammarLimitError`).
     """
-    p = dict(clean_schema(params or {}))
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(f"{field} must be a JSON schema object, got {type(params).__name__}")
+    p = dict(clean_schema(params or {}, field=field))
     p.setdefault("type", "object")
     p.setdefault("properties", {})
     p.setdefault("additionalProperties", False)
     return p
-
-
-# --------------------------------------------------------------------------- integer ranges
-_MAX_DIGITS = 16  # the converter's integers have up to 16 digits; so do ranges without an upper bound
-_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
-def _same_length_range(lo: str, hi: str) -> str:
-    """GBNF for the decimal strings of one length from `lo` to `hi` (`lo <= hi`)."""
-    n = len(lo)
-    if n == 1:
-        return f"[{lo}-{hi}]" if lo != hi else _literal(lo)
-    if lo[0] == hi[0]:
-        return f"{_literal(lo[0])} ( {_same_length_range(lo[1:], hi[1:])} )"
-    rest = n - 1
-    if lo[1:] == "0" * rest and hi[1:] == "9" * rest:
-        return f"[{lo[0]}-{hi[0]}]" + " [0-9]" * rest
-    parts = [f"{_literal(lo[0])} ( {_same_length_range(lo[1:], '9' * rest)} )"]
-    if int(hi[0]) - int(lo[0]) > 1:
-        parts.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + " [0-9]" * rest)
-    parts.append(f"{_literal(hi[0])} ( {_same_length_range('0' * rest, hi[1:])} )")
-    return " | ".join(parts)
-
-
-def _nonneg_range(lo: int, hi: int) -> str:
-    """GBNF for the integers `lo..hi` (`0 <= lo <= hi`), without leading zeros."""
-    parts = []
-    for n in range(len(str(lo)), len(str(hi)) + 1):
-        a = max(lo, 10 ** (n - 1) if n > 1 else 0)
-        b = min(hi, 10**n - 1)
-        if a <= b:
-            parts.append(f"( {_same_length_range(str(a), str(b))} )")
-    return " | ".join(parts)
-
-
-def integer_range(lo: int | None, hi: int | None) -> str:
-    """GBNF for the integers `lo..hi` (either bound may be `None`: 16 digits at most).
-
-    Raises:
-        ValueError: the range is empty.
-
-    >>> integer_range(-2, 12)
-    '"-" ( ( [1-2] ) ) | ( [0-9] ) | ( "1" ( [0-2] ) )'
-    """
-    big = 10**_MAX_DIGITS - 1
-    lo = -big if lo is None else max(lo, -big)
-    hi = big if hi is None else min(hi, big)
-    if lo > hi:
-        raise ValueError(f"empty integer range: minimum {lo} > maximum {hi}")
-    parts = []
-    if lo < 0:
-        parts.append(f'"-" ( {_nonneg_range(max(1, -hi) if hi < 0 else 1, -lo)} )')
-    if hi >= 0:
-        parts.append(_nonneg_range(max(lo, 0), hi))
-    return " | ".join(parts)
-
-
-def _int_bounds(schema: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """Inclusive bounds of an integer schema (draft 4 boolean and draft 6+ numeric exclusives)."""
-    lo = hi = None
-    if isinstance(schema.get("minimum"), (int, float)):
-        lo = math.ceil(schema["minimum"])
-        if schema.get("exclusiveMinimum") is True and lo == schema["minimum"]:
-            lo += 1
-    if isinstance(schema.get("maximum"), (int, float)):
-        hi = math.floor(schema["maximum"])
-        if schema.get("exclusiveMaximum") is True and hi == schema["maximum"]:
-            hi -= 1
-    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if isinstance(ex_lo, (int, float)) and not isinstance(ex_lo, bool):
-        v = math.floor(ex_lo) + 1
-        lo = v if lo is None else max(lo, v)
-    if isinstance(ex_hi, (int, float)) and not isinstance(ex_hi, bool):
-        v = math.ceil(ex_hi) - 1
-        hi = v if hi is None else min(hi, v)
-    return lo, hi
 
 
 # Keywords whose value is a subschema, a list of subschemas, or a name -> subschema map.
@@ -209,17 +148,55 @@ _SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUB_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
 
+_LONG_STRING = 64  # bounds above this become `char{256}` chunks (the converter nests one group per char)
+_STRING_CHAR = "agentmem-char"
+_STRING_PLAIN = ("pattern", "format", "enum", "const")
+_STRING_CHAR_BODY = _PLAIN_CHAR + r' | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] )'
+
+
+def _placeholder(ranges: dict[str, str], body: str) -> dict[str, str]:
+    const = f"agentmem-int-range-{len(ranges)}"
+    # the converter writes a constant as the literal of its JSON text
+    ranges['"' + json.dumps(const).replace('"', '\\"') + '"'] = body
+    return {"const": const}
+
+
+def _long_string(schema: Mapping[str, Any], ranges: dict[str, str]) -> dict[str, str] | None:
+    """A placeholder for a string whose length bounds are large (flat chunks, see `repeat_rules`)."""
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    if any(k in schema for k in _STRING_PLAIN) or max(lo, hi or 0) <= _LONG_STRING:
+        return None
+    body, _helpers = repeat_rules(_STRING_CHAR, lo, hi)
+    return _placeholder(ranges, f'"\\"" {body} "\\""')
+
+
+def _constants(schema: Mapping[str, Any]) -> list[Any] | None:
+    """The values of a `const`/`enum` the converter would write (its literals do not escape `\\`)."""
+    if any(k in schema for k in ("$ref", "oneOf", "anyOf")) or isinstance(schema.get("type"), list):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return list(schema["enum"])
+    return None
+
+
 def _placeholder_ints(schema: Any, ranges: dict[str, str]) -> Any:
-    """`schema` with each bounded integer replaced by a constant; `ranges` maps its literal to a range."""
+    """`schema` with each bounded integer (and each long string) replaced by a constant; `ranges`
+    maps its literal to a GBNF body."""
     if not isinstance(schema, Mapping):
         return schema
-    if schema.get("type") == "integer" and any(k in schema for k in _BOUND_KEYS):
-        lo, hi = _int_bounds(schema)
+    if schema.get("type") == "string" and (long := _long_string(schema, ranges)) is not None:
+        return long
+    if (values := _constants(schema)) is not None:
+        texts = [json.dumps(v, ensure_ascii=False) for v in values]
+        if any("\\" in t for t in texts):  # an escape in the JSON text: the converter would garble it
+            body = " | ".join(_literal(t) for t in texts)
+            return _placeholder(ranges, body if len(texts) == 1 else f"( {body} )")
+    if schema.get("type") == "integer" and any(k in schema for k in BOUND_KEYS):
+        lo, hi = int_bounds(schema)
         if lo is not None or hi is not None:
-            const = f"agentmem-int-range-{len(ranges)}"
-            # the converter writes a constant as the literal of its JSON text
-            ranges['"' + json.dumps(const).replace('"', '\\"') + '"'] = f"( {integer_range(lo, hi)} )"
-            return {"const": const}
+            return _placeholder(ranges, f"( {integer_range(lo, hi)} )")
     out = dict(schema)
     for k in _SUB_ONE:
         if isinstance(out.get(k), Mapping):
@@ -254,18 +231,22 @@ def _respace(body: str, rename: Mapping[str, str], ranges: Mapping[str, str]) ->
         elif t == _CONVERTER_CHAR:
             out.append(_PLAIN_CHAR)
         else:
-            out.append(ranges.get(t) or rename.get(t, t))
+            out.append(_join([rename.get(x, x) for x in _tokens(ranges[t])]) if t in ranges else rename.get(t, t))
     return _join(out)
 
 
-def _convert(schema: Mapping[str, Any], prefix: str, what: str, prop_order: Sequence[str] = ()) -> dict[str, str]:
+def _convert(
+    schema: Mapping[str, Any], prefix: str, what: str, prop_order: Sequence[str] = (), *, field: str = "schema"
+) -> dict[str, str]:
     """The rules of `schema`, canonically spaced, each name prefixed with `prefix-` (root: `prefix`).
 
     Raises:
+        GrammarLimitError: the schema is over a limit of `agentmem.engine.grammar_limits` (names `field`).
         ConfigError: the converter cannot express `schema` (the message names `what`).
     """
     if not isinstance(schema, Mapping):
         raise ConfigError(f"{what} must be a JSON schema dict, got {type(schema).__name__}")
+    check_schema(schema, field=field)
     ranges: dict[str, str] = {}
     try:
         raw = json_schema_to_gbnf(json.dumps(_placeholder_ints(schema, ranges)), list(prop_order))
@@ -279,8 +260,14 @@ def _convert(schema: Mapping[str, Any], prefix: str, what: str, prop_order: Sequ
         ) from exc
     rules = _parse(raw)
     rules.pop("space", None)
+    if any(_STRING_CHAR in body for body in ranges.values()):
+        rules.update({_STRING_CHAR: _STRING_CHAR_BODY, **repeat_rules(_STRING_CHAR, 0, 0)[1]})
     rename = {n: (prefix if n == "root" else f"{prefix}-{n}") if prefix else n for n in rules}
-    return {rename[n]: _respace(body, rename, ranges) for n, body in rules.items()}
+    out = {rename[n]: _respace(body, rename, ranges) for n, body in rules.items()}
+    if empty := [n for n, body in out.items() if not body]:
+        raise ConfigError(f"{field}: part of the schema matches no value (an empty enum, anyOf or type list: "
+                          f"rule {empty[0]!r})")
+    return out
 
 
 def schema_grammar(schema: Mapping[str, Any], *, prop_order: Sequence[str] = ()) -> str:
@@ -318,7 +305,8 @@ def _call_rules(tools: Sequence[Mapping[str, Any]], parallel: bool, prefix: str)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"tools[{i}] needs a non-empty string 'name', got {name!r}")
         what = f"tools[{i}] ({name!r}) parameters"
-        rules.update(_convert(closed_parameters(t.get("parameters")), f"{prefix}t{i}", what))
+        field = f"tools[{i}].parameters"
+        rules.update(_convert(closed_parameters(t.get("parameters"), field=field), f"{prefix}t{i}", what, field=field))
         # The common head '{"name": "' sits in `call` so that it is forced text even
         # when several tools may be called (see split_forced_prefix).
         head = json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": '
