@@ -27,7 +27,7 @@ import pytest
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ConfigError, GrammarLimitError
 from agentmem.tools import schema_grammar, tool_call_grammar
-from agentmem.tools import limits as L
+from agentmem.engine import grammar_limits as L
 from agentmem.engine.grammar_limits import check_grammar, check_schema, repeat_rules
 from tests.fixtures.native_grammar import native_verdict
 
