@@ -79,7 +79,7 @@ class PoolConfig:
             A new pool on the same file resumes every agent.
         archive_url: a `postgresql://user:password@host/db` URL instead of `archive_path`:
             the archive in a PostgreSQL database several pools (replicas) may share
-            (needs `agentmem[postgres]`). A secret: left out of `repr` and never logged
+            (needs `agentmem-kv[postgres]`). A secret: left out of `repr` and never logged
             with its password. At most one of `archive_path` and `archive_url`.
         warm_budget_bytes: RAM for parked states (`0` = unlimited); above the high
             watermark the placement policy demotes states to COLD (or drops them

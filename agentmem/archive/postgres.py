@@ -114,7 +114,7 @@ class PostgresConnection(ArchiveCore):
             import psycopg
         except ImportError as exc:
             raise ArchiveError(
-                f'{self.path}: the PostgreSQL archive needs psycopg 3: pip install "agentmem[postgres]"'
+                f'{self.path}: the PostgreSQL archive needs psycopg 3: pip install "agentmem-kv[postgres]"'
             ) from exc
         self._DRIVER_ERRORS = (psycopg.Error,)  # type: ignore[misc]
         self._connect_args = (url, max(1, round(connect_timeout_s)), application_name)  # the URL: never logged

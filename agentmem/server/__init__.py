@@ -19,7 +19,7 @@ queue and the model apart; so does this package):
 `app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.
 `cli.py` is `agentmem serve`: flags → settings, keys and pool config → uvicorn.
 
-FastAPI, uvicorn and prometheus-client are an extra: `pip install 'agentmem[server]'`.
+FastAPI, uvicorn and prometheus-client are an extra: `pip install 'agentmem-kv[server]'`.
 The names below are imported on first use, so `agentmem --help` works without them.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["INSTALL_HINT", "KeyRing", "ServerSettings", "create_app", "require_server_deps"]
 
-INSTALL_HINT = "pip install 'agentmem[server]'"
+INSTALL_HINT = "pip install 'agentmem-kv[server]'"
 
 _EXPORTS = {"create_app": "agentmem.server.app", "KeyRing": "agentmem.server.auth",
             "ServerSettings": "agentmem.server.settings"}

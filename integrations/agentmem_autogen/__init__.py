@@ -22,7 +22,7 @@ prefilling its whole history again.
 * `_hints.py`: workflow hints for the pool — tool-call holds and selector candidates
   (no app code), `follow(team)` for a team's speaker order.
 
-Needs AutoGen: `pip install 'agentmem[autogen]'`.
+Needs AutoGen: `pip install 'agentmem-kv[autogen]'`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ try:
     import autogen_core.models  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise ImportError(
-        "agentmem_autogen needs AutoGen (autogen-core); install it with: pip install 'agentmem[autogen]'"
+        "agentmem_autogen needs AutoGen (autogen-core); install it with: pip install 'agentmem-kv[autogen]'"
     ) from exc
 
 from agentmem.tools import choice_grammar

@@ -87,7 +87,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     Setup:
     ```bash
-    pip install 'agentmem[autogen,model]'
+    pip install 'agentmem-kv[autogen,model]'
     ```
 
     Instantiate (one pool, one client per agent; the selector of a

