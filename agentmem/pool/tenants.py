@@ -42,7 +42,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import agentmem.validation as check
 from agentmem.config import check_tenants
@@ -51,7 +51,6 @@ from agentmem.memory.shared import SHARE_PREFIX
 
 if TYPE_CHECKING:
     from agentmem.config import PoolConfig
-    from agentmem.pool.state import PoolCore
 
 __all__ = ["TenantMethods", "TenantScope", "TenantUsage"]
 
@@ -110,7 +109,7 @@ class TenantUsage:
 class TenantMethods:
     """`MemoryPool`'s tenant methods (mixed into the facade; it provides `_core`, `config`, `_check_open`)."""
 
-    _core: PoolCore
+    _core: Any  # the facade's PoolCore (not imported: state.py imports this module)
     config: PoolConfig
     _check_open: Callable[[], None]  # the facade's method
 
