@@ -75,7 +75,7 @@ class ConfigError(AgentMemError, ValueError):
 
 class GrammarLimitError(ConfigError):
     """A JSON schema, tool definition or GBNF grammar is over one of the limits of
-    `agentmem.engine.grammar_limits` (size, nesting depth, a repetition count, grammar size).
+    `agentmem.tools.limits` (size, nesting depth, a repetition count, grammar size).
 
     Attributes:
         field: where, as a path into the request or the call (`response_format.json_schema.schema.maxLength`,

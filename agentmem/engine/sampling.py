@@ -22,7 +22,7 @@ import llama_cpp as _ll
 import numpy as np
 
 from agentmem.errors import ConfigError, EngineError
-from agentmem.engine.grammar_limits import check_grammar
+from agentmem.tools.limits import check_grammar
 from agentmem.validation import bounded_int, finite_float, text
 
 __all__ = ["Sampler", "SamplingParams", "TextAssembler"]
@@ -43,7 +43,7 @@ class SamplingParams:
         seed: seed of the random draw (ignored when greedy).
         stop: strings that end the generation; they are not included in the text.
         grammar: a GBNF grammar (root rule `root`) constraining the output; checked against
-            `agentmem.engine.grammar_limits` (size, nesting, repetition counts, rule chains) before
+            `agentmem.tools.limits` (size, nesting, repetition counts, rule chains) before
             llama.cpp's recursive parser sees it (`GrammarLimitError`, a `ConfigError`, names `grammar`).
     """
 

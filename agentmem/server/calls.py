@@ -44,7 +44,7 @@ from agentmem.tools import (
     with_system_block,
 )
 from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
-from agentmem.engine.grammar_limits import check_schema
+from agentmem.tools.limits import check_schema
 from agentmem.tools.parse import CallGate
 
 __all__ = ["PoolCall", "Reply", "StreamHolder", "chat_call", "completion_call", "normalize_tool_choice", "read_reply"]

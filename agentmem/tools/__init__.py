@@ -3,7 +3,10 @@
 `prompt.py` writes the instructions a model gets about tools and JSON replies, one text
 for every framework.
 `grammar.py` turns JSON schemas and tool lists into canonically spaced GBNF grammars on
-llama-cpp-python's public converter, and splits off the text a grammar forces.
+llama-cpp-python's public converter, and splits off the text a grammar forces;
+`int_range.py` writes integer ranges as rules.
+`limits.py` bounds schemas and grammars (size, nesting, repetition counts, rule chains)
+without recursion, before llama.cpp's recursive grammar parser sees them.
 `formats.py` knows the tool-call syntax of each model family (Qwen/Hermes, Llama 3,
 Mistral, agentmem's own envelope) as strategy objects: render, grammar, parse, detect.
 `canonical.py` tells from a free reply's first characters whether it is a bare call object

@@ -34,7 +34,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from agentmem.errors import ConfigError
 from agentmem.tools.int_range import BOUND_KEYS, int_bounds, integer_range
-from agentmem.engine.grammar_limits import check_schema, repeat_rules
+from agentmem.tools.limits import check_schema, repeat_rules
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
@@ -110,7 +110,7 @@ def clean_schema(schema: Any, *, field: str = "schema") -> Any:
     {'properties': {'title': {'type': 'string'}}}
 
     Raises:
-        GrammarLimitError: (a `ConfigError`) the schema is over a limit of `agentmem.engine.grammar_limits`
+        GrammarLimitError: (a `ConfigError`) the schema is over a limit of `agentmem.tools.limits`
             (checked first, without recursion: a schema nested 10,000 deep is an error, not a `RecursionError`).
     """
     check_schema(schema, field=field)
@@ -241,7 +241,7 @@ def _convert(
     """The rules of `schema`, canonically spaced, each name prefixed with `prefix-` (root: `prefix`).
 
     Raises:
-        GrammarLimitError: the schema is over a limit of `agentmem.engine.grammar_limits` (names `field`).
+        GrammarLimitError: the schema is over a limit of `agentmem.tools.limits` (names `field`).
         ConfigError: the converter cannot express `schema` (the message names `what`).
     """
     if not isinstance(schema, Mapping):

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from agentmem.errors import AgentMemError
 from agentmem.tools import TOOL_FORMATS, schema_grammar, tool_call_grammar
-from agentmem.engine.grammar_limits import check_grammar
+from agentmem.tools.limits import check_grammar
 from tests.fixtures.native_grammar import NativeGrammar
 
 N = int(os.environ.get("AGENTMEM_FUZZ_EXAMPLES", "300"))

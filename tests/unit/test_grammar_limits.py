@@ -3,7 +3,7 @@
 A JSON schema with a large `maxLength`/`maxItems` used to become GBNF nested one group
 per character, which overflowed the stack of llama.cpp's recursive parser (the server
 died with SIGSEGV); a schema or tool parameters nested a few hundred deep were a 500
-`RecursionError`. Now every schema is checked iteratively (`agentmem.engine.grammar_limits`),
+`RecursionError`. Now every schema is checked iteratively (`agentmem.tools.limits`),
 long strings compile to flat `char{256}` chunks, and every GBNF text is checked once
 more before `llama_sampler_init_grammar`.
 
@@ -27,8 +27,8 @@ import pytest
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ConfigError, GrammarLimitError
 from agentmem.tools import schema_grammar, tool_call_grammar
-from agentmem.engine import grammar_limits as L
-from agentmem.engine.grammar_limits import check_grammar, check_schema, repeat_rules
+from agentmem.tools import limits as L
+from agentmem.tools.limits import check_grammar, check_schema, repeat_rules
 from tests.fixtures.native_grammar import native_verdict
 
 REPO = Path(__file__).resolve().parents[2]

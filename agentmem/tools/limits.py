@@ -121,7 +121,7 @@ def _check_keyword(parent: Mapping[str, Any], key: str, value: Any, field: str) 
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise _fail(field, f"must be a non-negative integer, got {json.dumps(value)[:40]}")
         if value > _COUNT_LIMITS[key]:
-            raise _fail(field, f"{value} is over the limit of {_COUNT_LIMITS[key]} (agentmem.engine.grammar_limits)")
+            raise _fail(field, f"{value} is over the limit of {_COUNT_LIMITS[key]} (agentmem.tools.limits)")
         lo, hi = ("minLength", "maxLength") if key.endswith("Length") else ("minItems", "maxItems")
         if key == hi and isinstance(parent.get(lo), int) and not isinstance(parent.get(lo), bool):
             if parent[lo] > value:
@@ -154,7 +154,7 @@ def check_schema(schema: Any, *, field: str = "schema") -> None:
     >>> check_schema({"type": "string", "maxLength": 10**6}, field="response_format.json_schema.schema")
     Traceback (most recent call last):
     ...
-    agentmem.errors.GrammarLimitError: response_format.json_schema.schema.maxLength: 1000000 is over the limit of 100000 (agentmem.engine.grammar_limits)
+    agentmem.errors.GrammarLimitError: response_format.json_schema.schema.maxLength: 1000000 is over the limit of 100000 (agentmem.tools.limits)
     """
     nodes = 0
     stack: list[tuple[Any, str, int, bool]] = [(schema, field, 1, False)]
