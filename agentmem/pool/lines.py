@@ -247,6 +247,8 @@ class LineMethods:
             return core.lines.find(core, rendered.tokens, scope, claim=claim)
 
     def release_line(self, agent_id: str) -> None:
-        """End the claim `find_line` took on `agent_id` (no-op when there is none)."""
-        with self._core.lock:
-            self._core.lines.claims.discard(agent_id)
+        """End the claim `find_line` took on `agent_id` (no-op when there is none).
+
+        Takes no lock (one set operation), so an event loop may call it while a call decodes.
+        """
+        self._core.lines.claims.discard(agent_id)
