@@ -64,8 +64,9 @@ from agentmem.memory.shared import SHARE_PREFIX, PrefixIndex, token_checksum
 
 if TYPE_CHECKING:
     from agentmem.engine.renderer import ChatRenderer
-    from agentmem.pool.state import PoolCore
     from agentmem.pool.tenants import TenantScope
+
+PoolCore = Any  # the pool's `agentmem.pool.state.PoolCore` (not imported: state.py imports this module)
 
 __all__ = ["LINE_REGIONS", "Line", "LineIndex", "LineMethods", "line_marks"]
 
