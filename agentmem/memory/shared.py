@@ -225,12 +225,13 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class _Node:
-    __slots__ = ("label", "children", "agents")
+    __slots__ = ("label", "children", "agents", "ends")
 
     def __init__(self, label: np.ndarray) -> None:
         self.label = label  # tokens on the edge into this node
         self.children: dict[int, _Node] = {}
         self.agents: set[str] = set()  # agents whose sequence passes through (or ends in) this node
+        self.ends: set[str] = set()  # agents whose sequence ends exactly here
 
 
 class PrefixIndex:
@@ -240,12 +241,17 @@ class PrefixIndex:
     whose sequence passes through it, so a lookup walks the prompt once and is
     independent of how many agents share each prefix. Entries are refreshed
     lazily: `sync` re-inserts an agent only when its ledger version changed.
+    `prefixes_of` answers the converse question (whose whole sequence is a prefix of a
+    prompt) by one walk down the prompt's path: `agentmem.pool.lines` finds a
+    conversation's kept state with it.
 
     >>> idx = PrefixIndex()
     >>> idx.sync("a", np.array([1, 2, 3, 4], np.int32), version=1)
     >>> idx.sync("b", np.array([1, 2, 9], np.int32), version=1)
     >>> idx.matches(np.array([1, 2, 3, 7], np.int32))
     [('a', 3), ('b', 2)]
+    >>> idx.prefixes_of(np.array([1, 2, 9, 5], np.int32))  # b's whole sequence starts the prompt
+    ([(3, ['b'])], 3)
     >>> idx.remove("a"); idx.matches(np.array([1, 2, 3, 7], np.int32))
     [('b', 2)]
     """
@@ -253,6 +259,7 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._root = _Node(np.zeros(0, np.int32))
         self._seqs: dict[str, tuple[int, np.ndarray]] = {}  # agent -> (version, tokens)
+        self.visited = 0  # nodes the last `prefixes_of` walk visited (its cost; tests check it stays flat)
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -276,6 +283,7 @@ class PrefixIndex:
             if child is None:
                 leaf = _Node(toks[i:])
                 leaf.agents.add(agent_id)
+                leaf.ends.add(agent_id)
                 node.children[int(toks[i])] = leaf
                 return
             k = _common(child.label, toks[i:])
@@ -288,6 +296,7 @@ class PrefixIndex:
                 child = mid
             child.agents.add(agent_id)
             node, i = child, i + k
+        node.ends.add(agent_id)
 
     def remove(self, agent_id: str) -> None:
         """Drop `agent_id`'s entry (no-op when absent); empty branches are pruned."""
@@ -306,6 +315,7 @@ class PrefixIndex:
                 del node.children[int(toks[i])]
                 return
             node, i = child, i + len(child.label)
+        node.ends.discard(agent_id)
 
     def matches(self, tokens: np.ndarray) -> list[tuple[str, int]]:
         """Every indexed agent sharing a prefix with `tokens`: `(agent, length)`, longest first."""
@@ -323,6 +333,32 @@ class PrefixIndex:
                 break
             node, i = child, i + k
         return sorted(best.items(), key=lambda t: (-t[1], t[0]))
+
+    def prefixes_of(self, tokens: np.ndarray) -> tuple[list[tuple[int, list[str]]], int]:
+        """Agents whose whole indexed sequence is a prefix of `tokens`, and how far `tokens` follows the tree.
+
+        Returns `([(length, agents), ...] deepest first, depth)`: `depth` is the longest
+        prefix of `tokens` any indexed sequence shares. One walk down the path of
+        `tokens`: the cost depends on its length and the agents ending on it, not on
+        how many agents are indexed (`visited` counts the nodes).
+        """
+        toks = np.asarray(tokens, dtype=np.int32)
+        found: list[tuple[int, list[str]]] = [(0, sorted(self._root.ends))] if self._root.ends else []
+        node, i, visited = self._root, 0, 1
+        while i < len(toks):
+            child = node.children.get(int(toks[i]))
+            if child is None:
+                break
+            visited += 1
+            k = _common(child.label, toks[i:])
+            if k < len(child.label):
+                i += k
+                break
+            node, i = child, i + k
+            if node.ends:
+                found.append((i, sorted(node.ends)))
+        self.visited = visited
+        return found[::-1], i
 
     def nodes(self) -> int:
         """Number of nodes (for tests and stats)."""

@@ -3,8 +3,8 @@
 `MemoryPool` is the public face of the pool: it validates input, wires the
 collaborators that run a call (see `agentmem.pool`), and offers the sync,
 streaming and async calls, the agent operations (park, forget, pin, budgets,
-share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from
-`agentmem.pool.hints`), checkpoints and `close`.
+share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from `agentmem.pool.hints`),
+conversation lines (`find_line`: `agentmem.pool.lines`), checkpoints and `close`.
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
 that is generating is *busy* and is never parked under its feet. Async methods
@@ -29,6 +29,7 @@ from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.policy.placement import priority_weight
 from agentmem.pool.hints import HintMethods
 from agentmem.pool.lifetime import Lifetime, free_pool, in_use
+from agentmem.pool.lines import LineMethods
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class MemoryPool(HintMethods, TenantMethods):
+class MemoryPool(HintMethods, TenantMethods, LineMethods):
     """Keeps every agent's KV state across one shared llama.cpp context.
 
     At most `resident_agents` agents are *hot* (a live sequence). When another
@@ -135,10 +136,7 @@ class MemoryPool(HintMethods, TenantMethods):
         self._closed = self._core.closed = True
         self._life.close(lambda: free_pool(self._core, self._prefetcher, self._mover, self._executor), timeout_s=timeout_s)
 
-    @property
-    def closed(self) -> bool:
-        """True after `close`."""
-        return self._closed
+    closed = property(lambda self: self._closed, doc="True after `close`.")
 
     def __enter__(self) -> MemoryPool:
         return self

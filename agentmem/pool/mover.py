@@ -287,6 +287,7 @@ class Mover:
         core.tiers["warm"].delete(a.id)
         self.blocks.leave(a)
         core.prefixes.remove(a.id)
+        core.lines.drop(a.id)
         core.predictor.forget(a.id)
         del core.agents[a.id]
 

@@ -133,6 +133,7 @@ class Persister:
         if a.tier == "empty":
             a.ledger.clear()  # nothing decoded is kept: the next call prefills
         core.agents[a.id] = a
+        core.lines.touch(a.id)
         return a
 
     def resume(self) -> None:

@@ -207,6 +207,7 @@ class Sharing:
         finally:
             d.busy -= 1
             s.last_used = d.last_used = time.monotonic()
+            core.lines.touch(dst)
             core.cond.notify_all()
         core.totals["handoffs"] += 1
         blk = self.blocks.of(d)

@@ -20,6 +20,7 @@ from agentmem.memory.parking import ParkCodec, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
 from agentmem.memory.shared import BlockStore, PrefixIndex
 from agentmem.policy.placement import AgentInfo, PlacementPolicy
+from agentmem.pool.lines import LineIndex
 from agentmem.pool.tenants import TenantScope
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class PoolCore:
         self.tenants = TenantScope(config.tenants)  # who may take KV from whom (`MemoryPool.add_tenants` widens it)
         self.blocks = BlockStore()
         self.prefixes = PrefixIndex()  # radix tree over agents' shareable tokens (refreshed lazily)
+        self.lines = LineIndex()  # per-tenant trees over conversation lines (`MemoryPool.find_line`)
         self.predictor = TransitionPredictor()
         self.totals: dict[str, int] = dict.fromkeys(POOL_TOTALS, 0)
         self.tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}

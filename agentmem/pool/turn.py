@@ -126,6 +126,7 @@ class TurnRunner:
                     self.decoder.generating -= 1
                 a.busy -= 1
                 a.last_used = time.monotonic()
+                core.lines.touch(agent_id)  # its line key may have moved
                 core.cond.notify_all()
             self.after_call(agent_id)
 

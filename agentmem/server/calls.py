@@ -68,6 +68,7 @@ class PoolCall:
         tool_names: the functions the request offers.
         forced: in `auto` mode, builds the same call with a call forced (the retry).
         fmt: the model's tool-call syntax (`MemoryPool.tool_format`).
+        line: how a request without an agent id found `agent_id` (`Line.kind`; "" when named).
     """
 
     agent_id: str
@@ -79,6 +80,7 @@ class PoolCall:
     tool_names: tuple[str, ...] = ()
     forced: Callable[[], PoolCall] | None = None
     fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))
+    line: str = ""
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:

@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec = p.add_argument_group("keys and identity")
     sec.add_argument("--api-key", action="append", default=[], metavar="KEY", help="an admin API key (repeatable)")
     sec.add_argument("--keys-file", default=None, metavar="PATH", help="keys with agent-id prefixes (JSON, or lines 'KEY [PREFIX]')")
-    sec.add_argument("--anonymous", choices=("reject", "per-key"), default="reject",
-                     help="a request naming no agent: 400 (reject) or the key's anonymous agent (per-key)")
+    sec.add_argument("--anonymous", choices=("lines", "reject", "per-key"), default="lines",
+                     help="a request naming no agent: the conversation its history continues, or a new one "
+                          "(lines, the default), 400 (reject) or the key's one anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
     model.add_argument("--durability", choices=("exit", "call", "lazy"), default=None,
                        help="exit (default alone): archive on demotion/checkpoint/shutdown; call (default in a cluster): "

@@ -21,6 +21,7 @@ from agentmem import validation as check
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, UnknownAgentError
 from agentmem.pool import ChatResult, MemoryPool
+from agentmem.pool.lines import Line
 from agentmem.server.auth import Principal
 from agentmem.server.calls import PoolCall, Reply, StreamHolder, chat_call, completion_call, read_reply
 from agentmem.server.http_errors import ApiError
@@ -54,6 +55,7 @@ class Outcome:
     reply: Reply
     retried: bool = False
     rewrite: ChatResult | None = None
+    line: str = ""  # how a request without an agent id found its agent (`Line.kind`; "" when it named one)
 
     @property
     def finish_reason(self) -> str:
@@ -79,7 +81,7 @@ class Outcome:
                             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
                             "total_s": round(sum(r.timings.total_s for r in self.results), 6)},
                 "retried_forced": self.retried,
-                "rewritten_tokens": self.rewritten_tokens}
+                "rewritten_tokens": self.rewritten_tokens, **({"line": self.line} if self.line else {})}
 
     @property
     def rewritten_tokens(self) -> int:
@@ -166,15 +168,49 @@ class Engine:
         """A concurrency slot for a request (429/503 otherwise)."""
         return self.queue.admit(principal)
 
-    async def admit_call(self, principal: Principal, agent_id: str) -> Lease:
-        """A slot for a call of `agent_id`: 429 over the key's calls in flight, agents or parked bytes; 503."""
-        lease = self.queue.admit(principal)
+    async def admit_call(self, principal: Principal, agent_id: str, *, line: Line | None = None) -> Lease:
+        """A slot for a call of `agent_id`: 429 over the key's calls in flight, agents or parked bytes; 503.
+
+        `line`: the claim `find_line` took; it ends with the lease (or now, when admission fails).
+        """
         try:
-            settle = await self.quotas.reserve(principal, agent_id, self._pool())
+            lease = self.queue.admit(principal)
+            try:
+                settle = await self.quotas.reserve(principal, agent_id, self._pool())
+            except BaseException:
+                lease.release()
+                raise
         except BaseException:
-            lease.release()
+            self.release_line(line)
             raise
-        return CallLease(lease.queue, lease.principal, settle=settle)  # takes over the queue's slot
+
+        def end() -> None:
+            settle()
+            self.release_line(line)
+
+        return CallLease(lease.queue, lease.principal, settle=end)  # takes over the queue's slot
+
+    async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest) -> Line:
+        """The agent of a request that names none (`--anonymous lines`): the conversation it continues, or a new one.
+
+        Looked up in the key's scope (its prefix's tenant; `agentmem.pool.lines`) on the prompt
+        the call will render (tools and the JSON block included); the line stays claimed until
+        the call's lease is released.
+        """
+        pool = self._pool()
+        scope = "" if principal.name == "local" else principal.prefix
+        if isinstance(req, ChatCompletionRequest):
+            call = chat_call("line", req, self.settings, pool.tool_format)
+            fn = functools.partial(pool.find_line, call.messages, tools=call.tools, scope=scope)
+        else:
+            fn = functools.partial(pool.find_line, prompt=completion_call("line", req, self.settings).prompt,
+                                   scope=scope)
+        return await self.queue.call(fn)
+
+    def release_line(self, line: Line | None) -> None:
+        """End `line`'s claim (None: nothing to end)."""
+        if line is not None and self.pool is not None and not self.pool.closed:
+            self.pool.release_line(line.agent_id)
 
     async def _known(self, agent_id: str) -> None:
         """404 unless the pool knows `agent_id`: actions other than a call never create agents."""
@@ -182,15 +218,17 @@ class Engine:
             raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
 
     # ------------------------------------------------------------------ calls
-    async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest) -> PoolCall:
+    async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest, line: str = "") -> PoolCall:
         """Validate a chat request and apply the tools/JSON protocol; 413 over the prompt limit."""
         call = chat_call(agent_id, req, self.settings, self._pool().tool_format)
+        call.line = line
         await self._check_prompt(call)
         return call
 
-    async def prepare_completion(self, agent_id: str, req: CompletionRequest) -> PoolCall:
+    async def prepare_completion(self, agent_id: str, req: CompletionRequest, line: str = "") -> PoolCall:
         """Validate a completion request; 413 over the prompt limit."""
         call = completion_call(agent_id, req, self.settings)
+        call.line = line
         await self._check_prompt(call)
         return call
 
@@ -233,6 +271,7 @@ class Engine:
         frees the agent.
         """
         holder = StreamHolder(call)
+        line = call.line
         self.processing += 1
         try:
             async with self.queue.agent(call.agent_id), self._owned(call.agent_id):
@@ -266,7 +305,7 @@ class Engine:
                 elif self.settings.durability == "call":
                     # still holding the agent: the state written is the one this call left
                     await self.queue.call(self._pool().commit, call.agent_id)
-                yield ("done", Outcome(call, results, reply, retried, rewrite))
+                yield ("done", Outcome(call, results, reply, retried, rewrite, line))
         finally:
             self.processing -= 1
 

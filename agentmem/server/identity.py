@@ -3,8 +3,10 @@
 The agent id comes, in this order, from the `X-Agent-Id` header, the request's `user`
 field (what OpenAI clients send per end user; LangChain, AutoGen and CrewAI pass it
 through), or the `agent_id` extension field (`extra_body={"agent_id": ...}`). With none
-of them the request gets a 400, unless the server runs with `anonymous="per-key"`: then
-it is the key's anonymous agent, `{prefix}anonymous-{key name}` (`anonymous` without keys).
+of them, by the server's `anonymous` policy: `lines` (the default) finds the conversation
+the request's history continues (`MemoryPool.find_line`, scoped to the key's prefix; the
+route does it, `resolve_agent_id` returns None), `per-key` gives the key's anonymous
+agent, `{prefix}anonymous-{key name}` (`anonymous` without keys), `reject` a 400.
 
 The header's bytes are read as UTF-8 (`agent_header`), as JSON bodies are, so
 `X-Agent-Id: team-b/café` and `"user": "team-b/café"` are one agent; bytes that are not
@@ -56,15 +58,15 @@ def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -
 
 def resolve_agent_id(
     principal: Principal, *, header: str | None, user: str | None, extension: str | None, anonymous: str
-) -> str:
-    """The agent a request is for (validated and authorized).
+) -> str | None:
+    """The agent a request names (validated and authorized); None: none named and the policy is `lines`.
 
     Args:
         principal: who sent the request.
         header: the `X-Agent-Id` header, if any, as text (`agent_header`).
         user: the body's `user` field, if any.
         extension: the body's `agent_id` field, if any.
-        anonymous: the server's fallback policy (`reject` or `per-key`).
+        anonymous: the server's fallback policy (`lines`, `reject` or `per-key`).
 
     Raises:
         ApiError: 400 when no agent is named and the policy is `reject`, or the id is
@@ -77,12 +79,14 @@ def resolve_agent_id(
             except ConfigError as exc:
                 raise ApiError(400, str(exc), code="invalid_request", param=field) from exc
             return authorize(principal, agent_id, field=field)
+    if anonymous == "lines":
+        return None
     if anonymous == "per-key":
         return "anonymous" if principal.name == "local" else f"{principal.prefix}anonymous-{principal.name}"
     raise ApiError(
         400,
         f"no agent named: send the header {AGENT_HEADER}, the 'user' field or the 'agent_id' field "
-        "(or start the server with --anonymous per-key)",
+        "(or start the server with --anonymous lines or per-key)",
         code="missing_agent_id",
         param="user",
     )

@@ -29,7 +29,8 @@ from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import from_exception
-from agentmem.server.identity import agent_header, resolve_agent_id
+from agentmem.pool.lines import Line
+from agentmem.server.identity import AGENT_HEADER, agent_header, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -126,21 +127,35 @@ async def _unless_gone(request: Request, work: Awaitable[_T]) -> _T:
                 await task
 
 
-def _agent(eng: Engine, who: Principal, request: Request, user: str | None, agent_id: str | None) -> str:
-    return resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=agent_id,
-                            anonymous=eng.settings.anonymous)
+async def _agent(eng: Engine, who: Principal, request: Request,
+                 req: ChatCompletionRequest | CompletionRequest) -> tuple[str, Line | None]:
+    """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed."""
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=req.user, extension=req.agent_id,
+                             anonymous=eng.settings.anonymous)
+    if named is not None:
+        return named, None
+    line = await eng.find_line(who, req)
+    return line.agent_id, line
+
+
+def _with_agent(response: Response, agent_id: str) -> Response:
+    """`response` with the `X-Agent-Id` header (UTF-8 bytes, as the request header is read)."""
+    response.raw_headers.append((AGENT_HEADER.lower().encode("ascii"), agent_id.encode("utf-8")))
+    return response
 
 
 async def _respond(
     eng: Engine, who: Principal, agent_id: str, request: Request, prepare: Callable[[], Awaitable[Any]],
     stream: bool, *,
     reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
+    line: Line | None = None,
 ) -> Any:
     """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end.
 
     Until the response starts, a client that disconnects cancels the call (`_unless_gone`).
+    The response names its agent in the `X-Agent-Id` header; `line`'s claim ends with the lease.
     """
-    lease = await eng.admit_call(who, agent_id)
+    lease = await eng.admit_call(who, agent_id, line=line)
     streaming = False
     events: AsyncIterator[Event] | None = None
 
@@ -155,7 +170,7 @@ async def _respond(
     try:
         out = await _unless_gone(request, until_first())
         if not stream:
-            return JSONResponse(reply(out))
+            return _with_agent(JSONResponse(reply(out)), agent_id)
         assert events is not None
         streaming = True  # the stream releases the lease
     except _ClientGone:
@@ -164,14 +179,15 @@ async def _respond(
     finally:
         if not streaming:
             lease.release()
-    return SSEResponse(_sse(eng, out, events, lease, head, render))
+    return _with_agent(SSEResponse(_sse(eng, out, events, lease, head, render)), agent_id)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
                            eng: Engine = Depends(engine)) -> Any:
     """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
-    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+    agent_id, line = await _agent(eng, who, request, req)
+    kind = line.kind if line is not None else ""
     ids = R.Ids("chatcmpl", eng.model_name)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -183,9 +199,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await _respond(
-        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, req), bool(req.stream),
+        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, req, kind), bool(req.stream),
         reply=lambda out: R.chat_completion(ids, out),
-        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
+        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))], line=line,
     )
 
 
@@ -193,7 +209,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
 async def completions(req: CompletionRequest, request: Request, who: Principal = Depends(principal),
                       eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
-    agent_id = _agent(eng, who, request, req.user, req.agent_id)
+    agent_id, line = await _agent(eng, who, request, req)
+    kind = line.kind if line is not None else ""
     ids = R.Ids("cmpl", eng.model_name)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -208,9 +225,9 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await _respond(
-        eng, who, agent_id, request, lambda: eng.prepare_completion(agent_id, req), bool(req.stream),
+        eng, who, agent_id, request, lambda: eng.prepare_completion(agent_id, req, kind), bool(req.stream),
         reply=lambda out: R.completion(ids, out),
-        render=render, head=[],
+        render=render, head=[], line=line,
     )
 
 

@@ -19,9 +19,11 @@ from agentmem.errors import ConfigError
 
 __all__ = ["ANONYMOUS_POLICIES", "ServerSettings"]
 
-ANONYMOUS_POLICIES = ("reject", "per-key")
-"""What a request that names no agent gets: `reject` (a 400) or `per-key` (one
-anonymous agent per API key, or one for the whole server without keys)."""
+ANONYMOUS_POLICIES = ("lines", "reject", "per-key")
+"""What a request that names no agent gets: `lines` (the default: the kept conversation
+its prompt continues, or a new one, within the key's scope: `agentmem.pool.lines`),
+`reject` (a 400 `missing_agent_id`) or `per-key` (one anonymous agent per API key, or
+one for the whole server without keys)."""
 
 
 #: When agents are written to the archive (see `ServerSettings.durability`).
@@ -37,7 +39,7 @@ class ServerSettings:
         port: TCP port.
         model_name: the model id `/v1/models` lists and responses carry (`None` = the
             GGUF file's stem). Requests may name any model: there is one.
-        anonymous: `reject` (default) or `per-key`; see `ANONYMOUS_POLICIES`.
+        anonymous: `lines` (default), `reject` or `per-key`; see `ANONYMOUS_POLICIES`.
         max_body_bytes: largest request body; a larger one gets 413.
         max_prompt_tokens: largest rendered prompt of one call (`0` = the pool's agent
             capacity decides, with a 400 `context_length_exceeded`); a larger one gets 413.
@@ -73,7 +75,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None
-    anonymous: str = "reject"
+    anonymous: str = "lines"
     max_body_bytes: int = 4 << 20
     max_prompt_tokens: int = 0
     max_tokens_limit: int = 4096

@@ -85,11 +85,12 @@ def test_identity_order_header_then_user_then_extension(server: Any, client: Any
     assert r.model_extra["agentmem"]["agent_id"] == "x-agent"
 
 
-def test_no_agent_is_a_clear_400(client: Any) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert info.value.code == "missing_agent_id"
-    assert "X-Agent-Id" in info.value.message
+def test_no_agent_is_served_by_a_conversation_line(client: Any) -> None:
+    """#25: with no agent named the default (`--anonymous lines`) gives the conversation a derived id
+    (the 400 `missing_agent_id` is now `--anonymous reject`: tests/unit/test_conversation_lines.py)."""
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.model_extra["agentmem"]["agent_id"].startswith("conv-")
+    assert r.model_extra["agentmem"]["line"] in ("new", "branched")
 
 
 def test_streaming_with_usage(client: Any) -> None:
