@@ -225,7 +225,7 @@ class LineMethods:
         `release_line`: a concurrent lookup branches instead of joining it.
 
         >>> line = pool.find_line(history, scope="team-a/")    # doctest: +SKIP
-        >>> try:
+        >>> try:                                               # doctest: +SKIP
         ...     r = pool.chat(line.agent_id, history)
         ... finally:
         ...     pool.release_line(line.agent_id)
