@@ -73,14 +73,14 @@ class SamplingParams:
         set_(self, "seed", bounded_int(self.seed, field="seed", lo=0, hi=2**32 - 1))
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ConfigError(f"grammar must be a GBNF string or None, got {type(self.grammar).__name__}")
-        if self.grammar:
-            _checked_grammar(self.grammar)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
         for j, s in enumerate(self.stop):
             text(s, field=f"stop[{j}]", error=ConfigError)
         if self.grammar is not None:
             text(self.grammar, field="grammar", error=ConfigError)
+            if self.grammar:
+                _checked_grammar(self.grammar)  # after the text check: the limits read it as text
 
     @classmethod
     def make(cls, *, stop: str | Sequence[str] | None = None, **kw: object) -> SamplingParams:
