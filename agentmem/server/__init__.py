@@ -14,6 +14,7 @@ queue and the model apart; so does this package):
 `responses.py` builds OpenAI response bodies and SSE events.
 `metrics.py` renders Prometheus series (llama-server's names and `agentmem_*`) per app.
 `deps.py` holds the FastAPI dependencies (engine, principal).
+`serving.py` is what every front-end shares: agent resolution, admission, disconnect watching, SSE.
 `openai_routes.py` serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
 `agents_api.py` serves `/agents` (list, show, park, forget, pin, budget, priority, handoff, recall, checkpoint).
 `app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.

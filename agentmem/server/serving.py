@@ -1,0 +1,189 @@
+"""What every HTTP front-end shares: agent resolution, admission, disconnect watching, SSE.
+
+A front-end (OpenAI chat completions, the Responses API, Anthropic Messages, Ollama)
+turns its request into a prepared `PoolCall`, then hands it to `respond` with two
+renderers: `reply` (an `Outcome` to the JSON body) and `render` (one `Event` to SSE or
+NDJSON chunks). A stream starts only once the call has produced its first event, so
+every error before the first token (a bad message, a prompt over the context) is a
+proper HTTP error; a later one ends the stream the way `error_chunk` says.
+
+Disconnects cancel work: until a response starts (a whole non-streaming call, a stream's
+prefill up to its first event) `respond` watches `request.is_disconnected()`; a client
+gone cancels the call, which stops in the pool at its next prefill chunk or decode step.
+Once a stream runs, `SSEResponse` notices the disconnect and closes it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentmem.pool.lines import Line
+from agentmem.server import responses as R
+from agentmem.server.auth import Principal
+from agentmem.server.engine import Engine, Event, Outcome
+from agentmem.server.http_errors import from_exception
+from agentmem.server.identity import AGENT_HEADER, agent_header, resolve_agent_id
+from agentmem.server.queue import Lease
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["SSEResponse", "find_agent", "respond", "with_agent"]
+
+_T = TypeVar("_T")
+_POLL_S = 0.05  # how often a call waiting for its first event checks that its client is still there
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the response started (the call was cancelled)."""
+
+
+class SSEResponse(StreamingResponse):
+    """A `text/event-stream` response that notices a client going away at once.
+
+    It listens for `http.disconnect` while it streams (whatever the ASGI version), and
+    always closes its body iterator, which stops the agent's generation.
+    """
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stream() -> None:
+                    with contextlib.suppress(OSError):
+                        await self.stream_response(send)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+async def _start(events: AsyncIterator[Event]) -> Event:
+    """The first event of a call (errors before it become HTTP errors)."""
+    try:
+        return await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+
+
+def _openai_error(exc: Exception) -> list[bytes]:
+    """An error after the first token, the OpenAI way: an `error` event, then `[DONE]`."""
+    return [R.sse(from_exception(exc).body()), R.DONE]
+
+
+async def _sse(eng: Engine, first: Event, events: AsyncIterator[Event], lease: Lease, head: list[bytes],
+               render: Any, done: list[bytes], error_chunk: Callable[[Exception], list[bytes]],
+               ) -> AsyncIterator[bytes]:
+    """The stream body: `head`, `render`'s chunks for each event, then `done` (or `error_chunk`'s)."""
+    finished = False
+    try:
+        for chunk in head:
+            yield chunk
+        event: Event | None = first
+        while event is not None:
+            for chunk in render(event):
+                yield chunk
+            event = await anext(events, None)
+        finished = True
+        for chunk in done:
+            yield chunk
+    except Exception as exc:  # after the first token: tell the client in the stream
+        finished = True
+        for chunk in error_chunk(exc):
+            yield chunk
+    finally:
+        if not finished:
+            eng.metrics.observe_disconnect()
+        await events.aclose()
+        lease.release()
+
+
+async def _unless_gone(request: Request, work: Awaitable[_T]) -> _T:
+    """`await work`, cancelling it when the client disconnects first (raises `_ClientGone` then)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise _ClientGone
+    finally:
+        if not task.done():
+            task.cancel()  # the pool call stops at its next prefill chunk or decode step
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def find_agent(eng: Engine, who: Principal, request: Request,
+                 req: ChatCompletionRequest | CompletionRequest) -> tuple[str, Line | None]:
+    """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed."""
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=req.user, extension=req.agent_id,
+                             anonymous=eng.settings.anonymous)
+    if named is not None:
+        return named, None
+    line = await eng.find_line(who, req)
+    return line.agent_id, line
+
+
+def with_agent(response: Response, agent_id: str) -> Response:
+    """`response` with the `X-Agent-Id` header (UTF-8 bytes, as the request header is read)."""
+    response.raw_headers.append((AGENT_HEADER.lower().encode("ascii"), agent_id.encode("utf-8")))
+    return response
+
+
+async def respond(
+    eng: Engine, who: Principal, agent_id: str, request: Request, prepare: Callable[[], Awaitable[Any]],
+    stream: bool, *,
+    reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
+    line: Line | None = None, done: list[bytes] | None = None,
+    error_chunk: Callable[[Exception], list[bytes]] = _openai_error, media_type: str = "text/event-stream",
+) -> Any:
+    """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end.
+
+    Until the response starts, a client that disconnects cancels the call (`_unless_gone`).
+    The response names its agent in the `X-Agent-Id` header; `line`'s claim ends with the lease.
+    A stream ends with `done` (OpenAI's `[DONE]` unless given); an error after its first
+    chunk becomes `error_chunk(exc)`; `media_type` is `application/x-ndjson` for Ollama.
+    """
+    lease = await eng.admit_call(who, agent_id, line=line)
+    streaming = False
+    events: AsyncIterator[Event] | None = None
+
+    async def until_first() -> Any:
+        nonlocal events
+        call = await prepare()
+        if not stream:
+            return await eng.collect(call)
+        events = eng.run(call)
+        return await _start(events)
+
+    try:
+        out = await _unless_gone(request, until_first())
+        if not stream:
+            return with_agent(JSONResponse(reply(out)), agent_id)
+        assert events is not None
+        streaming = True  # the stream releases the lease
+    except _ClientGone:
+        eng.metrics.observe_disconnect()
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+    finally:
+        if not streaming:
+            lease.release()
+    body = _sse(eng, out, events, lease, head, render, [R.DONE] if done is None else done, error_chunk)
+    return with_agent(SSEResponse(body, media_type=media_type), agent_id)
