@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.agentmem-installed
-EXTRAS ?= model,instruct,langchain,autogen,baselines,server,postgres,dev,docs
+EXTRAS ?= model,instruct,langchain,autogen,maf,baselines,server,clients,postgres,dev,docs
 
 .PHONY: install demo test test-unit bench docs clean
 
