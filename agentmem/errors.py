@@ -9,8 +9,11 @@ application can catch the whole family with one `except`:
     │   └── GrammarLimitError    a schema or grammar is over a size, depth or count limit
     ├── ModelError               the model cannot be found, loaded or used
     │   ├── ModelNotFoundError   no model at the path / default model not installed
-    │   └── ChatTemplateError    the model's chat template does not compile, breaks the
-    │                            sandbox or a render limit, or fails
+    │   ├── ChatTemplateError    the model's chat template does not compile, breaks the
+    │   │                        sandbox or a render limit, or fails
+    │   ├── UnknownModelError    a model pool was asked for a model it does not hold
+    │   ├── ModelMismatchError   an agent's KV belongs to another model than the one asked for
+    │   └── ModelBudgetError     a model cannot be loaded: the budget is held by models in use
     ├── MessageError             a chat message is malformed (names the field)
     ├── ContextOverflowError     a prompt does not fit the agent's context
     ├── PoolClosedError          the pool is closed or closing (a call in flight when it closed)
@@ -56,12 +59,15 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "MessageError",
+    "ModelBudgetError",
     "ModelError",
+    "ModelMismatchError",
     "ModelNotFoundError",
     "PolicyError",
     "PoolClosedError",
     "StateError",
     "UnknownAgentError",
+    "UnknownModelError",
 ]
 
 
@@ -100,6 +106,34 @@ class ChatTemplateError(ModelError):
     operation, it exceeded a render limit (time, output size) or it failed; the cause is
     chained. A template that refuses the messages through `raise_exception` raises
     `MessageError` instead."""
+
+
+class UnknownModelError(ModelError, KeyError):
+    """A `ModelPool` was asked for a model name it does not hold; the message lists the names."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class ModelMismatchError(ModelError):
+    """An agent is bound to one model and a call, handoff or restore named another.
+
+    An agent's KV (live, parked, archived, shared blocks) belongs to the model that
+    computed it; it is never restored into another model.
+
+    Attributes:
+        agent_id: the agent.
+        bound: the model it is bound to.
+        asked: the model the call named.
+    """
+
+    def __init__(self, message: str, *, agent_id: str, bound: str, asked: str) -> None:
+        super().__init__(message)
+        self.agent_id, self.bound, self.asked = agent_id, bound, asked
+
+
+class ModelBudgetError(ModelError):
+    """A model does not fit the memory budget and every model that could make room is in use."""
 
 
 class MessageError(AgentMemError, ValueError):
