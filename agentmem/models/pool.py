@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -245,6 +246,13 @@ class ModelPool:
                 self._prefetching.discard(name)
 
         threading.Thread(target=load, name=f"agentmem-model-prefetch-{name}", daemon=True).start()
+
+    def wait_prefetch(self, timeout_s: float = 60.0) -> bool:
+        """Wait for model loads started in the background (and any unload) to finish; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._prefetching and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.tier.wait_idle(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ agent operations
     def _pool_of(self, agent_id: str) -> tuple[str, MemoryPool]:

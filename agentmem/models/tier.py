@@ -205,6 +205,17 @@ class ModelTier:
             raise
         return True
 
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until no load or unload is under way (a prefetch included); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while any(s.state in ("loading", "unloading") for s in self.slots.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(timeout=left)
+        return True
+
     def close(self, timeout_s: float = 60.0) -> None:
         """Refuse new uses, wait (up to `timeout_s`) for loads and unloads under way, close every pool."""
         deadline = time.monotonic() + timeout_s
