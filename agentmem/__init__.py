@@ -29,6 +29,7 @@ from agentmem.errors import (
     UnknownAgentError,
 )
 from agentmem.pool import ChatResult, ChatStream, MemoryPool, Timings, Usage
+from agentmem.models import ModelPool, ModelSpec
 from agentmem.model import resolve_model_path
 
 __version__ = "0.1.0"
@@ -47,6 +48,8 @@ __all__ = [
     "MessageError",
     "ModelError",
     "ModelNotFoundError",
+    "ModelPool",
+    "ModelSpec",
     "PolicyError",
     "PoolConfig",
     "StateError",
