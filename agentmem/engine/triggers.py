@@ -15,8 +15,11 @@ is not safe behind ctypes: an invalid pattern (`std::regex_error`) and a trigger
 text the grammar rejects (`Unexpected empty grammar stack`) throw C++ exceptions through
 the C API, which abort the process; and it does not say whether it fired.
 
-`check_triggers` bounds hostile patterns (count, size, syntax, and no quantified group
-that holds a quantifier or an alternation, the shapes that backtrack exponentially).
+`check_triggers` bounds hostile patterns: count, size, syntax, no quantified group that
+holds a quantifier or an alternation (the shapes that backtrack exponentially), and at most
+two unbounded quantifiers (`*`, `+`, `{n,}`: each one more multiplies the worst case of a
+search by the text's length). The patterns agentmem builds itself are escaped literals
+(`agentmem.tools.lazy.Trigger`); a raw pattern is code from the caller, not request data.
 """
 
 from __future__ import annotations
@@ -28,13 +31,19 @@ from typing import Any, Sequence
 from agentmem.errors import ConfigError, GrammarLimitError
 from agentmem.validation import bounded_int, text
 
-__all__ = ["MAX_TRIGGERS", "MAX_TRIGGER_CHARS", "TriggerWatch", "check_trigger_tokens", "check_triggers", "find_trigger"]
+__all__ = [
+    "MAX_TRIGGERS", "MAX_TRIGGER_CHARS", "MAX_TRIGGER_TOKENS", "TriggerWatch", "check_trigger_tokens", "check_triggers",
+    "find_trigger",
+]
 
 MAX_TRIGGERS = 16
 """Patterns (and, separately, trigger tokens) one grammar may have."""
 MAX_TRIGGER_CHARS = 512
 """Characters one pattern may have."""
 MAX_TRIGGER_TOKENS = 64
+"""Trigger token ids one grammar may have."""
+MAX_UNBOUNDED = 2
+"""Unbounded quantifiers (`*`, `+`, `{n,}`) one pattern may have."""
 
 
 def _as_tuple(value: Any, *, field: str) -> tuple[Any, ...]:
@@ -44,6 +53,39 @@ def _as_tuple(value: Any, *, field: str) -> tuple[Any, ...]:
 
 
 _QUANT = re.compile(r"[*+?]|\{\d")
+_UNBOUNDED = re.compile(r"[*+]|\{\d+,\}")
+
+
+def _after_class(pattern: str, i: int) -> int:
+    """The index after the character class that opens at `pattern[i]` (`[`)."""
+    j = i + 1
+    if pattern.startswith("^", j):
+        j += 1
+    if pattern.startswith("]", j):  # a leading `]` is a member
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+def _unbounded(pattern: str) -> int:
+    """How many unbounded quantifiers `pattern` has (outside classes and escapes)."""
+    n, i = 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _after_class(pattern, i)
+            continue
+        m = _UNBOUNDED.match(pattern, i)
+        if m:
+            n += 1
+            i = m.end()
+            continue
+        i += 1
+    return n
 
 
 def _backtracks(pattern: str) -> bool:
@@ -55,15 +97,8 @@ def _backtracks(pattern: str) -> bool:
         if c == "\\":
             i += 2
             continue
-        if c == "[":  # a class: skip to its closing bracket
-            j = i + 1
-            if j < n and pattern[j] == "^":
-                j += 1
-            if j < n and pattern[j] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+        if c == "[":
+            i = _after_class(pattern, i)
             continue
         if c == "(":
             stack.append(False)
@@ -107,6 +142,10 @@ def check_triggers(patterns: Any, *, field: str = "grammar_triggers") -> tuple[s
             re.compile(p)
         except (re.error, RecursionError, OverflowError) as exc:
             raise ConfigError(f"{where} is not a valid regular expression: {exc}") from None
+        if _unbounded(p) > MAX_UNBOUNDED:
+            raise GrammarLimitError(
+                f"{where}: at most {MAX_UNBOUNDED} unbounded quantifiers ('*', '+', '{{n,}}'), got {_unbounded(p)}",
+                field=where)
         if _backtracks(p):
             raise GrammarLimitError(
                 f"{where}: a quantified group may not hold a quantifier or '|' (it can backtrack "

@@ -38,6 +38,8 @@ G = 'root ::= "{" [a-z]* "}"'
         ({"grammar_triggers": ("ok", "(a+)+$")}, GrammarLimitError, "grammar_triggers[1]"),
         ({"grammar_triggers": ("(a|ab)*",)}, GrammarLimitError, "grammar_triggers[0]"),
         ({"grammar_triggers": ("((a)*)+",)}, GrammarLimitError, "grammar_triggers[0]"),
+        ({"grammar_triggers": (r"\s*\s*a+x",)}, GrammarLimitError, "grammar_triggers[0]"),
+        ({"grammar_triggers": ("a{2,}b*c+",)}, GrammarLimitError, "grammar_triggers[0]"),
         ({"grammar_triggers": ("(",)}, ConfigError, "grammar_triggers[0]"),
         ({"grammar_triggers": ("",)}, ConfigError, "grammar_triggers[0]"),
         ({"grammar_triggers": (3,)}, ConfigError, "grammar_triggers[0]"),
@@ -56,7 +58,9 @@ def test_hostile_triggers_are_typed_errors_naming_the_field(kw: dict, error: typ
         assert exc.value.field == field
 
 
-@pytest.mark.parametrize("pattern", [r"^\s*(\{)", r"[\s\S]*?(<tool_call>)[\s\S]*", r"(?:ab)?c", r"(x)+", r"^(\[TOOL_CALLS\])$"])
+@pytest.mark.parametrize(
+    "pattern", [r"^\s*(\{)", r"[\s\S]*?(<tool_call>)[\s\S]*", r"(?:ab)?c", r"(x)+", r"^(\[TOOL_CALLS\])$", r"[(+*]+\*", r"a{2,5}"]
+)
 def test_ordinary_patterns_pass(pattern: str) -> None:
     assert check_triggers([pattern]) == (pattern,)
 
