@@ -74,6 +74,19 @@ def test_a_free_tool_turn_that_calls_decodes_once_and_the_call_parses(pool: Memo
     assert r.usage.completion_tokens == len(pieces) or r.finish_reason == "stop", (r.usage, len(pieces))
 
 
+def test_a_call_opened_freely_is_constrained_from_its_trigger(pool: MemoryPool) -> None:
+    """Without the grammar this turn calls a tool that is not offered (`{"name": "hello", ...}`): the server
+    sent it as text (the envelope format retried it forced: a second decode). Under the lazy grammar, which
+    fires at `{"name": "`, the same decode can only name an offered tool."""
+    msgs = [SYS, {"role": "user", "content": "Say hello to me in one short sentence."}]
+    free = pool.chat("free", msgs, tools=TOOLS, max_tokens=40)
+    assert free.text.startswith('{"name": "') and pool.tool_format.find(free.text, NAMES) is None, free.text
+    r, _pieces, first = _streamed(pool, "lazy", msgs, max_tokens=40)
+    found = pool.tool_format.find(r.text, NAMES)
+    assert found is not None and all(c.ok and c.name in NAMES for c in found[0]), r.text
+    assert first is None and r.usage.prompt_tokens == free.usage.prompt_tokens, (first, r.usage, free.usage)
+
+
 @pytest.mark.parametrize(("msgs", "at_most"), [(TEXT, 0), (JSON_TEXT, 2)], ids=["prose", "json-text"])
 def test_a_free_turn_that_answers_in_text_streams_before_the_end(
     pool: MemoryPool, msgs: list[dict[str, Any]], at_most: int
