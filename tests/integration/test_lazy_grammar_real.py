@@ -113,8 +113,10 @@ def test_a_free_tool_turn_starts_as_fast_as_a_plain_turn(instruct_model_path: Pa
         for i in range(3):
             plain.append(_ttft(p, f"plain-{i}", False))
             lazy.append(_ttft(p, f"lazy-{i}", True))
-    ratio = statistics.median(lazy) / statistics.median(plain)
-    logger.warning("TTFT plain %s lazy %s ratio %.3f", [round(x, 3) for x in plain], [round(x, 3) for x in lazy], ratio)
+    # the fastest of each: the least disturbed by other work on a shared machine
+    ratio = min(lazy) / min(plain)
+    logger.warning("TTFT plain %s lazy %s: ratio of minima %.3f, of medians %.3f", [round(x, 3) for x in plain],
+                   [round(x, 3) for x in lazy], ratio, statistics.median(lazy) / statistics.median(plain))
     assert ratio <= 1.2, (plain, lazy)
 
 
