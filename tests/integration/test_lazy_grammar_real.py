@@ -175,3 +175,32 @@ def test_a_trigger_on_text_the_grammar_rejects_misfires_instead_of_aborting(voca
     with pytest.raises(Exception, match="grammar_trigger_tokens\\[0\\]"):
         Sampler(v, n, SamplingParams(grammar='root ::= "ab"', grammar_trigger_tokens=(n,)))
     assert ctypes.sizeof(ll.llama_token) == 4
+
+
+@pytest.mark.parametrize("name", list(TOOL_FORMATS))
+@pytest.mark.parametrize("shape", ["call", "bare", "after-text"])
+def test_every_format_accepts_its_own_calls_under_the_real_grammar_engine(
+    vocab: tuple[Any, int], name: str, shape: str
+) -> None:
+    """The lazy grammar of each format takes exactly the text `render_call` writes (or the bare object) to its end
+    (arguments in the grammar's key order: the converter sorts the properties by name)."""
+    v, n = vocab
+    fmt = TOOL_FORMATS[name]
+    args_key = "parameters" if name == "llama3" else "arguments"
+    text = {
+        "call": fmt.render_call([("send_email", {"body": "hi", "to": "Bob"})]),
+        "bare": f'{{"name": "send_email", "{args_key}": {{"body": "hi", "to": "Bob"}}}}',
+        "after-text": "Sure.\n" + fmt.render_call([("send_email", {"body": "hi", "to": "Bob"})]),
+    }[shape]
+    if shape == "after-text" and name == "llama3":
+        text = "Sure.\n<|python_tag|>" + fmt.render_call([("send_email", {"body": "hi", "to": "Bob"})])
+    with Sampler(v, n, SamplingParams.make(grammar=lazy_call_grammar(fmt, TOOLS))) as s:
+        toks = _tokens(v, text)
+        for i, t in enumerate(toks):
+            if s.triggered:  # from here on the grammar must take every token, then the end of the turn
+                assert s._allows(t), (name, shape, text, i)
+                ll.llama_sampler_accept(s._grammar, t)
+            else:
+                s._observe(t)
+        assert s.triggered and not s.misfired, (name, shape, s.trigger_text)
+        assert s._allows(ll.llama_vocab_eot(v)) or s._allows(ll.llama_vocab_eos(v)), (name, shape)
