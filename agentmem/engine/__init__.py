@@ -8,6 +8,7 @@
 * `llama_log` routes llama.cpp's log through `logging` (`agentmem.llama`), expected
   restore failures at DEBUG.
 * `sampling` turns logits into tokens (greedy, temperature, top-k/p, grammar, stop strings).
+* `triggers` checks a lazy grammar's trigger patterns and matches them as a reply grows.
 * `chat_format` validates chat messages (`Message`, `ToolCall`) and the built-in `gemma` and
   `chatml` formats that render them into segments with a region each.
 * `renderer` picks a model's format (`select_format`) and tokenizes what it renders, every

@@ -4,7 +4,7 @@
   a NaN or an out-of-range value is a `ConfigError` naming the field).
 * `Sampler` — a native `llama_sampler` chain built from them (greedy,
   or penalties → top-k → top-p → min-p → temperature → seeded draw; a GBNF
-  grammar first when given). Frees itself.
+  grammar first when given, or from a trigger on when the grammar is lazy). Frees itself.
 * `TextAssembler` — turns sampled tokens into text safely: UTF-8 split
   across tokens, stop strings (text is held back while it could still be the
   start of a stop string, so streaming never emits a partial stop).
@@ -15,17 +15,22 @@ from __future__ import annotations
 import codecs
 import ctypes
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import llama_cpp as _ll
 import numpy as np
 
+from agentmem.engine.triggers import TriggerWatch, check_trigger_tokens, check_triggers
 from agentmem.errors import ConfigError, EngineError
+from agentmem.tools.lazy import LazyGrammar
 from agentmem.tools.limits import check_grammar
 from agentmem.validation import bounded_int, finite_float, text
 
 __all__ = ["Sampler", "SamplingParams", "TextAssembler"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +50,16 @@ class SamplingParams:
         grammar: a GBNF grammar (root rule `root`) constraining the output; checked against
             `agentmem.tools.limits` (size, nesting, repetition counts, rule chains) before
             llama.cpp's recursive parser sees it (`GrammarLimitError`, a `ConfigError`, names `grammar`).
+        grammar_triggers: regular expressions (Python `re`) that make `grammar` *lazy*: the
+            reply is free until one matches the text generated so far, and the grammar
+            constrains it from the pattern's first non-empty group on (the whole match when it
+            has none). `^…$` matches the whole text, anything else is searched, as llama.cpp's
+            lazy grammars do (`agentmem.engine.triggers`). At most 16 patterns of 512
+            characters, no nested quantifiers (`GrammarLimitError` names `grammar_triggers[i]`).
+        grammar_trigger_tokens: token ids that make `grammar` lazy the same way: the grammar
+            starts with the token. Both empty: the grammar constrains from the first token.
+
+    `make(grammar=LazyGrammar)` (`agentmem.tools.lazy`) fills the three grammar fields.
     """
 
     max_tokens: int = 256
@@ -57,6 +72,13 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: str | None = None
+    grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
+    grammar_trigger_tokens: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the grammar waits for a trigger."""
+        return bool(self.grammar_triggers or self.grammar_trigger_tokens)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: store the normalised values
@@ -72,7 +94,8 @@ class SamplingParams:
         set_(self, "repeat_last_n", bounded_int(self.repeat_last_n, field="repeat_last_n", lo=-1, hi=2**31 - 1))
         set_(self, "seed", bounded_int(self.seed, field="seed", lo=0, hi=2**32 - 1))
         if self.grammar is not None and not isinstance(self.grammar, str):
-            raise ConfigError(f"grammar must be a GBNF string or None, got {type(self.grammar).__name__}")
+            raise ConfigError(f"grammar must be a GBNF string or None (a LazyGrammar through SamplingParams.make), "
+                              f"got {type(self.grammar).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be non-empty strings, got {self.stop!r}")
         for j, s in enumerate(self.stop):
@@ -81,10 +104,22 @@ class SamplingParams:
             text(self.grammar, field="grammar", error=ConfigError)
             if self.grammar:
                 _checked_grammar(self.grammar)  # after the text check: the limits read it as text
+        set_(self, "grammar_triggers", check_triggers(self.grammar_triggers, field="grammar_triggers"))
+        set_(self, "grammar_trigger_tokens",
+             check_trigger_tokens(self.grammar_trigger_tokens, field="grammar_trigger_tokens"))
+        if self.lazy and not self.grammar:
+            raise ConfigError("grammar_triggers / grammar_trigger_tokens need a grammar (grammar is empty)")
 
     @classmethod
     def make(cls, *, stop: str | Sequence[str] | None = None, **kw: object) -> SamplingParams:
-        """Build from loose arguments (`stop` may be a string, a list of strings or None)."""
+        """Build from loose arguments (`stop` may be a string, a list of strings or None; `grammar`
+        may be a `LazyGrammar`, which fills `grammar_triggers` and `grammar_trigger_tokens` too)."""
+        lazy = kw.get("grammar")
+        if isinstance(lazy, LazyGrammar):
+            if kw.get("grammar_triggers") or kw.get("grammar_trigger_tokens"):
+                raise ConfigError("grammar is a LazyGrammar: it carries its own triggers (drop grammar_triggers)")
+            kw = {**kw, "grammar": lazy.grammar, "grammar_triggers": lazy.patterns,
+                  "grammar_trigger_tokens": lazy.trigger_tokens}
         if stop is None:
             stops: tuple[str, ...] = ()
         elif isinstance(stop, str):
@@ -111,6 +146,22 @@ class Sampler:
     vocabulary (262k tokens on Gemma 3) before the chain picks again. The result
     is the same token the eager order would pick for greedy decoding, at a
     fraction of the cost.
+
+    A *lazy* grammar (`SamplingParams.lazy`) is not consulted at all until a trigger
+    fires (`agentmem.engine.triggers`): tokens are sampled as without a grammar. When a
+    sampled token makes a trigger fire, the grammar is fed the text from the trigger's
+    start (tokenized, each token checked before it is accepted) and constrains every
+    later token as above. If the grammar rejects that text (a call to a tool that is not
+    offered, other spacing), the trigger *misfires*: the reply goes on free, with no
+    further triggers (`misfired`), and nothing reaches llama.cpp that it would throw on.
+
+    Attributes:
+        triggered: whether the grammar constrains the reply (always, for a grammar that
+            is not lazy; from the trigger on, for a lazy one; never without a grammar).
+        trigger_offset: for a lazy grammar that fired, where its input starts in the
+            reply's text (`trigger_text`); `None` otherwise.
+        misfired: a lazy grammar's trigger fired on text the grammar rejects.
+        full_grammar_passes: how often the grammar had to filter the whole vocabulary.
     """
 
     _DT = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
@@ -119,7 +170,12 @@ class Sampler:
     def __init__(self, vocab: int, n_vocab: int, params: SamplingParams) -> None:
         self._ptr = None
         self._grammar = None
+        self._vocab = vocab
+        self._watch: TriggerWatch | None = None
         self.full_grammar_passes = 0
+        self.triggered = bool(params.grammar)
+        self.trigger_offset: int | None = None
+        self.misfired = False
         sp = _ll.llama_sampler_chain_default_params()
         sp.no_perf = True
         chain = _ll.llama_sampler_chain_init(sp)
@@ -134,6 +190,8 @@ class Sampler:
                 raise ConfigError("invalid GBNF grammar (llama_sampler_init_grammar returned NULL)")
             self._grammar = g
             self._n_vocab = n_vocab
+            if params.lazy:
+                self._lazy_init(params, n_vocab)
             self._ids = np.arange(n_vocab, dtype=np.intc)
             self._buf = np.zeros(n_vocab, dtype=self._DT)
             self._one = np.zeros(1, dtype=self._DT)
@@ -156,6 +214,67 @@ class Sampler:
                 add(_ll.llama_sampler_init_min_p(params.min_p, 1))
             add(_ll.llama_sampler_init_temp(params.temperature))
             add(_ll.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+
+    def _lazy_init(self, params: SamplingParams, n_vocab: int) -> None:
+        bad = [(j, t) for j, t in enumerate(params.grammar_trigger_tokens) if t >= n_vocab]
+        if bad:
+            self.close()
+            j, t = bad[0]
+            raise ConfigError(f"grammar_trigger_tokens[{j}] is {t}, not a token of this model (it has {n_vocab})")
+        self._watch = TriggerWatch(params.grammar_triggers, params.grammar_trigger_tokens)
+        self.triggered = False
+
+    @property
+    def trigger_text(self) -> str:
+        """The reply's text as the lazy grammar's triggers saw it (`""` without a lazy grammar)."""
+        return self._watch.text if self._watch is not None else ""
+
+    def _piece(self, tok: int) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = _ll.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _ll.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def _tokens(self, text: str) -> list[int]:
+        data = text.encode("utf-8", "replace")
+        buf = (_ll.llama_token * (len(data) + 8))()
+        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, len(buf), False, True)
+        if n < 0:
+            raise EngineError(f"llama_tokenize returned {n} for a trigger's text of {len(data)} bytes")
+        return list(buf[:n])
+
+    def _allows(self, tok: int) -> bool:
+        """Whether the grammar, in its current state, accepts `tok` next (one token checked)."""
+        self._one["id"] = tok
+        self._one["logit"] = 1.0
+        self._arr1.size = 1
+        self._arr1.selected = -1
+        _ll.llama_sampler_apply(self._grammar, ctypes.byref(self._arr1))
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def _fire(self, start: int) -> None:
+        """Feed the grammar the reply's text from `start`; it constrains from now on, or it misfired."""
+        assert self._watch is not None
+        for tok in self._tokens(self._watch.text[start:]):
+            if not self._allows(tok):
+                self.misfired = True
+                self._watch = None
+                logger.debug("lazy grammar misfired at %d: %r", start, self.trigger_text[start:][:80])
+                return
+            _ll.llama_sampler_accept(self._grammar, tok)
+        self.triggered = True
+        self.trigger_offset = start
+
+    def _observe(self, tok: int) -> None:
+        """A token sampled freely under a lazy grammar: see whether it fires a trigger."""
+        assert self._watch is not None
+        if _ll.llama_vocab_is_eog(self._vocab, tok):
+            return
+        start = self._watch.observe(tok, self._piece(tok))
+        if start is not None:
+            self._fire(start)
 
     def _fill(self, ctx_ptr: int, idx: int) -> None:
         logits = _ll.llama_get_logits_ith(ctx_ptr, idx)
@@ -200,16 +319,14 @@ class Sampler:
 
     def sample(self, ctx_ptr: int, idx: int) -> int:
         """Sample (and accept) the next token from the logits at batch index `idx`."""
-        if self._grammar is None:
-            return _ll.llama_sampler_sample(self._ptr, ctx_ptr, idx)
+        if self._grammar is None or not self.triggered:
+            tok = _ll.llama_sampler_sample(self._ptr, ctx_ptr, idx)
+            if self._watch is not None:  # a lazy grammar, not yet triggered
+                self._observe(tok)
+            return tok
         self._fill(ctx_ptr, idx)
         tok = self._pick()
-        self._one["id"] = tok
-        self._one["logit"] = 1.0
-        self._arr1.size = 1
-        self._arr1.selected = -1
-        _ll.llama_sampler_apply(self._grammar, ctypes.byref(self._arr1))
-        if not np.isfinite(self._one["logit"][0]):
+        if not self._allows(tok):
             tok = self._constrained_pick(ctx_ptr, idx)
         _ll.llama_sampler_accept(self._grammar, tok)
         _ll.llama_sampler_accept(self._ptr, tok)

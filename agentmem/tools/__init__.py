@@ -13,6 +13,9 @@ Mistral, agentmem's own envelope) as strategy objects: render, grammar, parse, d
 that the format's opening (`<tool_call>`) should precede, for the pool's decode loop.
 `forced.py` builds a forced call's or JSON reply's grammar once per tool set or schema
 (cached), for the integrations and the server alike.
+`lazy.py` builds the lazy grammar of a free tool turn (free text until a trigger, the
+format's opening or a bare `{"name": "`, then the call's grammar) and the stream gate that
+releases text as soon as no trigger can fire.
 `parse.py` reads the `{"tool_calls": [...]}` envelope (strictly, or leniently out of free
 text) and tells a stream when to hold a reply back.
 `registry.py` keeps one shared pool per configuration in the process, closed by its last
