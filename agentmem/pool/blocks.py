@@ -89,11 +89,10 @@ class BlockRefs:
         if not archive.has_shared_block(b.id):
             archive.put_shared_block(b.id, self.data(b), n_tokens=b.n_tokens, fingerprint=self.core.fingerprint)
 
-    def new(self, a: AgentState) -> KVBlock:
-        """A block of all of `a`'s cells (`a` resident, its ledger all live)."""
+    def new(self, a: AgentState, cells: np.ndarray) -> KVBlock:
+        """A block of all of `a`'s cells (`cells`: its state blob, `AgentSeq.capture`; its ledger all live)."""
         core = self.core
-        assert a.seq is not None, f"{a.id=}"
-        b = core.blocks.create(a.ledger.tokens[: a.ledger.n_live], core.ctx.state_get(a.seq))
+        b = core.blocks.create(a.ledger.tokens[: a.ledger.n_live], cells)
         core.totals["blocks_created"] += 1
         logger.debug("shared block %s: %d tokens, %.1f MiB", b.id, b.n_tokens, b.nbytes / 2**20)
         return b

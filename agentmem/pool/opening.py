@@ -28,8 +28,8 @@ from agentmem.pool.mover import Mover
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
 from agentmem.pool.sharing import Sharing
+from agentmem.pool.sequence import Sequences
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import window_rules
 from agentmem.pool.trimming import Trimmer
 from agentmem.pool.turn import TurnRunner
 
@@ -121,7 +121,6 @@ class Collaborators:
 
 def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
     """Build the collaborators of a call over `core`; `after_call` runs the housekeeping of a finished call."""
-    swa = window_rules(core.ctx, core.model.n_swa)
     blocks = BlockRefs(core)
     persist = Persister(core, blocks)
 
@@ -131,10 +130,10 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
         budgets.rebalance(urgent_only=True)
 
     hints = Hints()
-    residency = Residency(core, park=park_victim, hints=hints)
-    mover = Mover(core, residency, blocks, persist, swa)
+    residency = Residency(core, Sequences(core, blocks), park=park_victim, hints=hints)
+    mover = Mover(core, residency, blocks, persist)
     budgets = Budgets(core, mover, hints)
-    sharing = Sharing(core, residency, mover, blocks, swa)
-    decoder = Decoder(core, residency, Trimmer(core, blocks, sharing))
-    turns = TurnRunner(core, mover=mover, sharing=sharing, blocks=blocks, decoder=decoder, swa=swa, after_call=after_call)
+    sharing = Sharing(core, residency, mover, blocks)
+    decoder = Decoder(core, residency, Trimmer(core))
+    turns = TurnRunner(core, mover=mover, sharing=sharing, decoder=decoder, after_call=after_call)
     return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns, hints)
