@@ -14,11 +14,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-import numpy as np
-
 from agentmem.errors import AgentMemError, FingerprintMismatch, StateError
 from agentmem.memory.parking import ParkedState
-from agentmem.codec import join_state
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
@@ -132,7 +129,7 @@ class Mover:
             raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
         # a rejected blob: a wrong layout, or not enough free cells even after parking idle agents
         if not (stored.block is not None and self._restore_linked(a, stored)) and not a.kv.load(
-                self.unpark_blob(stored), stored):
+                self.blocks.joined(stored), stored):
             raise StateError("llama_state_seq_set_data rejected the blob")
         pos_max = a.kv.pos_max()
         if pos_max != a.ledger.n_live - 1:
@@ -192,17 +189,6 @@ class Mover:
             self.blocks.leave(a)
             return state
         return dataclasses.replace(state, block=a.block, order=order)
-
-    def unpark_blob(self, stored: ParkedState) -> np.ndarray:
-        """The f16 blob of a stored state, joined with its shared block."""
-        core = self.core
-        blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-        if stored.block is None:
-            return blob
-        b = core.blocks.get(stored.block)
-        if b is None or stored.order is None:
-            raise StateError(f"shared block {stored.block!r} of a parked state is gone")
-        return join_state(self.blocks.data(b), blob, stored.order)
 
     def _restore_linked(self, a: AgentState, stored: ParkedState) -> bool:
         """Restore a cut state with its block's cells *shared* from a live member (`AgentSeq.link`).

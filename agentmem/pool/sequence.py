@@ -73,7 +73,7 @@ class Sequences:
 
     def nearest(self, members: Sequence[AgentSeq]) -> AgentSeq:
         """Of the live sequences holding a block's cells, the one a linked restore should share."""
-        return members[self._window.nearest([m.id for m in members])]
+        return members[self._window.widest([m.id for m in members])]
 
 
 class AgentSeq:
@@ -216,7 +216,7 @@ class AgentSeq:
         if not keep_cells:
             self._ckpt = None
         full = self.capture() if keep_cells and self._w.active else None
-        ck = self._w.capture(self.id, a.ledger.n_live, a.prompt_end[1], gap=self._gap)
+        ck = self._w.checkpoint(self.id, a.ledger.n_live, a.prompt_end[1], gap=self._gap)
         if ck is None:
             return state
         if full is not None:
@@ -250,8 +250,9 @@ class AgentSeq:
 
         The private cells are loaded, then `seq_cp` tags the member's prefix cells for
         this sequence too: no join, no copy. Sliding-window cells the member no longer
-        holds would be missing, so they are checked; on any shortfall the sequence is
-        emptied and False returned (the caller loads the joined blob instead).
+        holds (llama.cpp reuses them once they fall out of its window) would be missing, so
+        they are checked; on any shortfall the sequence is emptied and False returned (the
+        caller loads the joined blob instead).
         """
         assert parked.order is not None
         order = parked.order
@@ -264,15 +265,15 @@ class AgentSeq:
         else:
             self.clear()
         ctx.seq_cp(member.id, seq, 0, n_tokens)
-        if not self._w.linked_complete(seq, order, private):
-            logger.debug("agent %r: member %r no longer holds the window's cells; joining instead",
-                         self.agent.id, member.agent.id)
-            self.clear()
-            return False
         self._resume(parked)
-        self.shared_upto = n_tokens
-        member.shared_upto = max(member.shared_upto, n_tokens)
-        return True
+        if self._w.linked_complete(seq, order, private):
+            self.shared_upto = n_tokens
+            member.shared_upto = max(member.shared_upto, n_tokens)
+            return True
+        logger.debug("agent %r: member %r no longer holds the window's cells; joining instead",
+                     self.agent.id, member.agent.id)
+        self.clear()
+        return False
 
     def copy_from(self, other: AgentSeq, n_live: int) -> str:
         """The first `n_live` cells of live `other` into this empty sequence; `"shared"` or `"copied"`.

@@ -59,21 +59,25 @@ class Sharing:
 
         Returns `"shared"` (cells tagged from a live `s`), `"copied"` (from a live `s`'s
         state blob, with per-sequence KV streams) or `"restored"` (from its
-        parked state). Raises `StateError` when the cells cannot be had.
+        parked state). Raises `StateError` when the cells cannot be had (`d` is then left empty).
         """
         core = self.core
         assert d.kv is not None, "the destination needs a sequence"
         self.reset(d)
         n_live = s.ledger.live_before(n)
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
-        if s.kv is not None:  # from a live donor's cells (shared, or copied between per-sequence streams)
-            mode = d.kv.copy_from(s.kv, n_live)
-        else:  # from a parked donor's state
-            stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
-            if stored is None:
-                raise StateError(f"agent {s.id!r} has no KV state to hand off")
-            d.kv.load_prefix(self.mover.unpark_blob(stored), stored, n_live, s.ledger.n_live, s.id)
-            mode = "restored"
+        try:
+            if s.kv is not None:  # from a live donor's cells (shared, or copied between per-sequence streams)
+                mode = d.kv.copy_from(s.kv, n_live)
+            else:  # from a parked donor's state
+                stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
+                if stored is None:
+                    raise StateError(f"agent {s.id!r} has no KV state to hand off")
+                d.kv.load_prefix(self.blocks.joined(stored), stored, n_live, s.ledger.n_live, s.id)
+                mode = "restored"
+        except AgentMemError:
+            self.reset(d)  # nothing half-copied stays
+            raise
         d.ledger = Ledger.from_arrays(arrays)
         if n_live == n and n >= max(1, core.config.min_share_tokens) and core.ctx.params.kv_unified:
             # one shared block for the prefix: parked copies of both then keep it once. A
@@ -81,7 +85,7 @@ class Sharing:
             # (Per-sequence streams hold no shared cells: each copy is its own.)
             b = self.blocks.of(s)
             if b is None or b.n_tokens > n_live:
-                b = self.blocks.new(d, d.kv.capture())
+                b = self.blocks.new(d)
                 if s.block is None and mode == "shared":
                     self.blocks.join(s, b)
             self.blocks.join(d, b)
@@ -126,9 +130,8 @@ class Sharing:
             donor.busy += 1
             try:
                 self.copy_prefix(donor, a, n)
-            except AgentMemError as exc:
+            except AgentMemError as exc:  # (`a` was left empty)
                 logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
-                self.reset(a)
                 continue
             finally:
                 donor.busy -= 1
@@ -201,6 +204,5 @@ class Sharing:
                     and core.ctx.params.kv_unified):
                 b = self.blocks.of(sh)
                 if b is None or b.n_tokens != end:
-                    assert sh.kv is not None
-                    self.blocks.join(sh, self.blocks.new(sh, sh.kv.capture()))
+                    self.blocks.join(sh, self.blocks.new(sh))
         return end

@@ -48,11 +48,11 @@ class NoWindow:
         """True when a parked state of `n_live` tokens can be cut back to its first `n`."""
         return True
 
-    def nearest(self, seqs: Sequence[int]) -> int:
+    def widest(self, seqs: Sequence[int]) -> int:
         """Of the sequences holding a shared block's cells, the index of the one a linked restore should share."""
         return 0
 
-    def capture(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def checkpoint(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The checkpoint to park with sequence `seq` (`n_live` cells, its last prompt ending at `pe_live`).
 
         `gap`: its window cells may have a gap (see `reaches`). `None`: none needed (nothing
@@ -113,11 +113,11 @@ class SlidingWindow(NoWindow):
         # (positions from n_live - n_swa): it can be cut back only within that
         return max(0, n_live - self.n_swa) <= self._floor(n)
 
-    def nearest(self, seqs: Sequence[int]) -> int:
+    def widest(self, seqs: Sequence[int]) -> int:
         # the member whose sliding-window cells reach back furthest covers the most
         return min(range(len(seqs)), key=lambda i: self.ctx.seq_pos_min(seqs[i]))
 
-    def capture(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def checkpoint(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
         # The blob keeps the sliding-window layers only for the window before its end.
         # The app usually re-sends the reply slightly differently (trimmed, edited), so
         # keep those layers as of the prompt's end too: with the reply's cells the blob
