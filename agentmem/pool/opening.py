@@ -32,6 +32,7 @@ from agentmem.pool.sequence import Sequences
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.trimming import Trimmer
 from agentmem.pool.turn import TurnRunner
+from agentmem.pool.window import window_rules
 
 __all__ = ["Collaborators", "open_core", "wire"]
 
@@ -130,7 +131,9 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
         budgets.rebalance(urgent_only=True)
 
     hints = Hints()
-    residency = Residency(core, Sequences(core, blocks), park=park_victim, hints=hints)
+    # the door to each agent's KV, its sliding-window rules chosen once for the model
+    seqs = Sequences(core.ctx, blocks, core.totals, window=window_rules(core.ctx, core.model.n_swa))
+    residency = Residency(core, seqs, park=park_victim, hints=hints)
     mover = Mover(core, residency, blocks, persist)
     budgets = Budgets(core, mover, hints)
     sharing = Sharing(core, residency, mover, blocks)

@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from agentmem.errors import AgentMemError, StateError
-from agentmem.pool.window import NoWindow, window_rules
+from agentmem.pool.window import NoWindow
 
 if TYPE_CHECKING:
+    from agentmem.engine.context import LlamaContext
+    from agentmem.memory.ledger import Ledger
     from agentmem.memory.parking import ParkedState
-    from agentmem.pool.blocks import BlockRefs
-    from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["AgentSeq", "Fit", "Sequences"]
 
@@ -49,21 +49,39 @@ Fit = Callable[[Callable[[], bool]], bool]
 attempt that returns False when llama.cpp has no free cells, parking idle agents between tries."""
 
 
+class Agent(Protocol):
+    """What the door reads of the agent record (`agentmem.pool.state.AgentState`) it serves."""
+
+    id: str
+    ledger: Ledger
+    prompt_end: tuple[int, int]
+
+
+class Blocks(Protocol):
+    """What the door needs of the block refs (`agentmem.pool.blocks.BlockRefs`): a cut below a block leaves it."""
+
+    def leave_below(self, a: Any, n_live: int) -> None: ...
+
+    def leave(self, a: Any) -> None: ...
+
+
 class Sequences:
     """The pool's side of the door: the context, the window rules (chosen once), the block refs.
 
     Args:
-        core: the pool's shared state (its context, counters).
+        ctx: the shared llama.cpp context.
         blocks: agents' references to shared blocks (a cut below a block leaves it).
-        window: the sliding-window rules; by default chosen from the model (`window_rules`).
+        totals: the pool's counters (`privatized`).
+        window: the sliding-window rules, chosen once for the model (`agentmem.pool.window.window_rules`).
     """
 
-    def __init__(self, core: PoolCore, blocks: BlockRefs, *, window: NoWindow | None = None) -> None:
-        self.core = core
+    def __init__(self, ctx: LlamaContext, blocks: Blocks, totals: dict[str, int], *, window: NoWindow) -> None:
+        self.ctx = ctx
         self.blocks = blocks
-        self._window = window if window is not None else window_rules(core.ctx, core.model.n_swa)
+        self.totals = totals
+        self._window = window
 
-    def open(self, a: AgentState, seq: int, fit: Fit) -> AgentSeq:
+    def open(self, a: Agent, seq: int, fit: Fit) -> AgentSeq:
         """The door to sequence `seq` (empty, just assigned to `a`); `fit` makes room for its loads."""
         return AgentSeq(self, a, seq, fit)
 
@@ -88,12 +106,12 @@ class AgentSeq:
 
     __slots__ = ("id", "agent", "shared_upto", "_seqs", "_ctx", "_w", "_fit", "_ckpt", "_gap")
 
-    def __init__(self, seqs: Sequences, agent: AgentState, seq: int, fit: Fit) -> None:
+    def __init__(self, seqs: Sequences, agent: Agent, seq: int, fit: Fit) -> None:
         self.id = seq
         self.agent = agent
         self.shared_upto = 0
         self._seqs = seqs
-        self._ctx = seqs.core.ctx
+        self._ctx = seqs.ctx
         self._w = seqs._window
         self._fit = fit
         # the sliding-window layers as of the prompt end, from a restored parked state
@@ -104,10 +122,6 @@ class AgentSeq:
         self._gap = False
 
     # ------------------------------------------------------------------ questions
-    def pos_max(self) -> int:
-        """The highest position the sequence holds (-1: empty)."""
-        return self._ctx.seq_pos_max(self.id)
-
     def _reaches(self, n_live: int) -> bool:
         """True when the window cells needed to continue after `n_live` live tokens are still there."""
         return self._w.reaches(self.id, n_live, exact=self._gap)
@@ -235,13 +249,24 @@ class AgentSeq:
         if parked.swa_ckpt is not None and parked.swa_order is not None:
             self._ckpt = (parked.swa_ckpt, parked.swa_order)  # joined only if used (window.py)
 
+    def _check_end(self) -> None:
+        """The cells end where the ledger's live tokens do (after a load)."""
+        pos_max = self._ctx.seq_pos_max(self.id)
+        n_live = self.agent.ledger.n_live
+        if pos_max != n_live - 1:
+            raise StateError(f"restored state ends at position {pos_max}, the ledger has {n_live} live tokens")
+
     def load(self, blob: np.ndarray, parked: ParkedState) -> bool:
         """Load `blob` (the whole state of `parked`) into the empty sequence, making room as needed.
 
         False: llama.cpp rejected it (a wrong layout, or no free cells even after parking idle agents).
+
+        Raises:
+            StateError: the loaded cells do not end where the agent's ledger does (clear it).
         """
         if not self._fit(lambda: self._ctx.state_set(self.id, blob) != 0):
             return False
+        self._check_end()
         self._resume(parked)
         return True
 
@@ -253,6 +278,9 @@ class AgentSeq:
         holds (llama.cpp reuses them once they fall out of its window) would be missing, so
         they are checked; on any shortfall the sequence is emptied and False returned (the
         caller loads the joined blob instead).
+
+        Raises:
+            StateError: the linked cells do not end where the agent's ledger does (clear it).
         """
         assert parked.order is not None
         order = parked.order
@@ -265,14 +293,16 @@ class AgentSeq:
         else:
             self.clear()
         ctx.seq_cp(member.id, seq, 0, n_tokens)
+        self._check_end()
         self._resume(parked)
+        self.shared_upto = n_tokens
         if self._w.linked_complete(seq, order, private):
-            self.shared_upto = n_tokens
             member.shared_upto = max(member.shared_upto, n_tokens)
             return True
         logger.debug("agent %r: member %r no longer holds the window's cells; joining instead",
                      self.agent.id, member.agent.id)
-        self.clear()
+        ctx.seq_rm(seq)  # (as `clear`)
+        self.shared_upto, self._ckpt, self._gap = 0, None, False
         return False
 
     def copy_from(self, other: AgentSeq, n_live: int) -> str:
@@ -326,7 +356,7 @@ class AgentSeq:
         if not self._fit(lambda: self._ctx.state_set(self.id, blob) != 0):
             raise StateError(f"no room to make agent {self.agent.id!r}'s shared cells private")
         self.shared_upto = 0
-        self._seqs.core.totals["privatized"] += 1
+        self._seqs.totals["privatized"] += 1
 
     def clear(self) -> None:
         """Empty the sequence (every cell) and forget what came with them; the ledger is the caller's.

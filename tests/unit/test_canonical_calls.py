@@ -177,7 +177,7 @@ def script_runner(script: list[int]) -> tuple[FakeCore, ScriptDecoder, TurnRunne
     runner = TurnRunner(core, mover=None, sharing=None, decoder=dec,  # type: ignore[arg-type]
                         after_call=lambda _: None)
     a = AgentState("a")
-    a.kv = Sequences(core, BlockRefs(core), window=NoWindow()).open(a, 0, fit=lambda attempt: attempt())  # type: ignore[arg-type]
+    a.kv = Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow()).open(a, 0, fit=lambda attempt: attempt())  # type: ignore[arg-type]
     return core, dec, runner, a
 
 
