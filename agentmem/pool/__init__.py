@@ -7,8 +7,9 @@
 * `decoder` — chunked prefill, and batched decode steps of concurrent agents.
 * `canon` — a free tool call's first tokens rewritten in the KV with its format's opening, and its closing completed.
 * `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.
-* `mover` — park / restore / demote / drop / forget across tiers; the `make_resident` door.
-* `swa` — every sliding-window rule in one object (`SlidingWindow`), with a no-op twin (`NoWindow`).
+* `mover` — park / restore / demote / drop / forget across tiers; `make_resident`, how a call gets its sequence.
+* `sequence` — the one door to each resident agent's KV (`AgentSeq`: cut, evict, capture, load, link, copy, privatize, clear).
+* `window` — every sliding-window rule in one object (`SlidingWindow`, with a no-op twin `NoWindow`): the door's private strategy.
 * `blocks` — agents' references to shared KV blocks and where a block's bytes are kept.
 * `sharing` — prefix donors, copying cells between sequences, handoffs, privatizing shared cells.
 * `trimming` — runs the eviction policy on an agent, shifts cells, writes recall rows.

@@ -3,7 +3,7 @@
 A block is a shared prefix's cells stored once (`BlockStore` owns the bytes and
 reference counts). `BlockRefs` ties agents to blocks, drops a block's RAM copy
 once only archived members need it, reads it back from the archive, and cuts an
-agent's state at its block (`split`).
+agent's state at its block (`split`) and joins a parked state with it again (`joined`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import logging
 import numpy as np
 
 from agentmem.errors import AgentMemError, StateError
-from agentmem.codec import split_state
+from agentmem.codec import join_state, split_state
+from agentmem.memory.parking import ParkedState
 from agentmem.memory.shared import KVBlock
 from agentmem.pool.state import AgentState, PoolCore
 
@@ -92,8 +93,8 @@ class BlockRefs:
     def new(self, a: AgentState) -> KVBlock:
         """A block of all of `a`'s cells (`a` resident, its ledger all live)."""
         core = self.core
-        assert a.seq is not None, f"{a.id=}"
-        b = core.blocks.create(a.ledger.tokens[: a.ledger.n_live], core.ctx.state_get(a.seq))
+        assert a.kv is not None, f"{a.id=}"
+        b = core.blocks.create(a.ledger.tokens[: a.ledger.n_live], a.kv.capture())
         core.totals["blocks_created"] += 1
         logger.debug("shared block %s: %d tokens, %.1f MiB", b.id, b.n_tokens, b.nbytes / 2**20)
         return b
@@ -113,3 +114,18 @@ class BlockRefs:
             return blob, None
         self.core.totals["block_splits"] += 1
         return cut
+
+    def joined(self, stored: ParkedState) -> np.ndarray:
+        """The f16 blob of a parked state, joined with its shared block's cells when it was cut at one.
+
+        Raises:
+            StateError: the block is gone.
+        """
+        core = self.core
+        blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
+        if stored.block is None:
+            return blob
+        b = core.blocks.get(stored.block)
+        if b is None or stored.order is None:
+            raise StateError(f"shared block {stored.block!r} of a parked state is gone")
+        return join_state(self.data(b), blob, stored.order)

@@ -44,7 +44,6 @@ from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
 from agentmem.errors import ConfigError
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import NoWindow
 from agentmem.tools.canonical import BareCallWatch
 from agentmem.tools.formats import ToolFormat
 
@@ -71,10 +70,9 @@ class Opening:
 class CallCanon:
     """Rewrites a free call's opening into the KV (see the module docstring); one per pool."""
 
-    def __init__(self, core: PoolCore, decoder: Decoder, swa: NoWindow) -> None:
+    def __init__(self, core: PoolCore, decoder: Decoder) -> None:
         self.core = core
         self.decoder = decoder
-        self.swa = swa
         self._openings: dict[str, tuple[int, ...]] = {}
 
     def _opening_tokens(self, watch: BareCallWatch) -> tuple[int, ...]:
@@ -175,14 +173,11 @@ class CallCanon:
         if len(toks) >= params.max_tokens or any(s in text for s in params.stop):
             return None
         with core.lock:
-            assert a.seq is not None, f"{a.id=}"
+            assert a.kv is not None, f"{a.id=}"
             live0 = a.ledger.live_before(n0)
-            if not self._room(a, len(toks) - (a.ledger.n_live - live0) + 1):
+            if not self._room(a, len(toks) - (a.ledger.n_live - live0) + 1) or not a.kv.can_cut(n0):
                 return None
-            if live0 < a.ledger.n_live and not self.swa.reaches(a.seq, live0, exact=a.swa_gap):
-                return None
-            keep = a.ledger.truncate(n0)
-            core.ctx.seq_rm(a.seq, keep, -1)
+            a.kv.cut(n0)
             nxt = self.decoder.prefill(a, toks, None, sampler, t)
         assert nxt is not None
         core.totals["canonical_calls"] += 1
@@ -263,15 +258,12 @@ class CallCanon:
         q = p - len(lead)  # where the reply's tokens leave the template's
         core = self.core
         with core.lock:
-            assert a.seq is not None, f"{a.id=}"
+            assert a.kv is not None, f"{a.id=}"
             cut = len(a.ledger) - (len(completion) - q)
             keep_live = a.ledger.live_before(cut)
-            if not self._room(a, len(want) - p - (a.ledger.n_live - keep_live)):
+            if not self._room(a, len(want) - p - (a.ledger.n_live - keep_live)) or not a.kv.can_cut(cut):
                 return ""
-            if keep_live < a.ledger.n_live and not self.swa.reaches(a.seq, keep_live, exact=a.swa_gap):
-                return ""
-            keep = a.ledger.truncate(cut)
-            core.ctx.seq_rm(a.seq, keep, -1)
+            a.kv.cut(cut)
             self.decoder.prefill(a, want[p:], None, None, t)
         completion[q:] = want[p:]
         core.totals["closed_calls"] += 1

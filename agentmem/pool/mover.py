@@ -1,10 +1,11 @@
 """Moving an agent's KV state between tiers: park, restore, demote, drop — one method each.
 
-`Mover` is the only code that takes a state out of a sequence or puts one in.
-`make_resident` is the one door a call goes through to get its agent a sequence
-with its state loaded; it returns a small `Placement` and falls back to a
-re-prefill when a stored state is unusable. A restore of a state cut at a shared
-block links the block's cells from a live member when it can (no copy).
+`Mover` decides where a state goes; the agent's sequence (`AgentSeq`,
+`agentmem.pool.sequence`) takes it out or puts it in. `make_resident` is the one
+way a call gets its agent a sequence with its state loaded; it returns a small
+`Placement` and falls back to a re-prefill when a stored state is unusable. A
+restore of a state cut at a shared block links the block's cells from a live
+member when it can (no copy).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-import numpy as np
-
 from agentmem.errors import AgentMemError, FingerprintMismatch, StateError
 from agentmem.memory.parking import ParkedState
-from agentmem.codec import join_state
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
+from agentmem.pool.sequence import Sequences
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import NoWindow
 
 __all__ = ["Mover", "Placement"]
 
@@ -47,12 +45,12 @@ class Placement:
 class Mover:
     """Transitions of agents' states between HOT, WARM and COLD (lock held)."""
 
-    def __init__(self, core: PoolCore, residency: Residency, blocks: BlockRefs, persist: Persister, swa: NoWindow) -> None:
+    def __init__(self, core: PoolCore, residency: Residency, blocks: BlockRefs, persist: Persister) -> None:
         self.core = core
         self.residency = residency
         self.blocks = blocks
         self.persist = persist
-        self.swa = swa
+        self.seqs: Sequences = residency.seqs
 
     # ------------------------------------------------------------------ the door
     def make_resident(self, a: AgentState, *, prefetch: bool = False) -> Placement:
@@ -84,9 +82,9 @@ class Mover:
 
     def _restore_failed(self, a: AgentState, src: str, exc: AgentMemError) -> None:
         core = self.core
-        assert a.seq is not None
+        assert a.kv is not None
         logger.warning("restore of agent %r from %s failed (%s); falling back to re-prefill", a.id, src, exc)
-        core.ctx.seq_rm(a.seq)
+        a.kv.clear()
         lost = a.ledger.n_live
         self.drop(a)
         a.counters["restore_failures"] += 1
@@ -105,19 +103,13 @@ class Mover:
     def park(self, a: AgentState, dst: str) -> None:
         """Take resident `a`'s state out of its sequence into tier `dst` and free the sequence."""
         core = self.core
-        assert a.seq is not None, f"{a.id=}"
+        assert a.kv is not None, f"{a.id=}"
         codec = core.placement.codec_for(core.info(a), dst)
         if a.ledger.n_live:
-            state = self.capture(a, codec)
-            a.swa_ckpt = None
-            ckpt = self.swa.capture(a)
-            if ckpt is not None:
-                state = dataclasses.replace(state, swa_ckpt=ckpt[0], swa_order=ckpt[1])
-            self._store(a, dst, state)
+            self._store(a, dst, a.kv.checkpointed(self.capture(a, codec), keep_cells=False))
         else:
             self.blocks.leave(a)
-        core.ctx.seq_rm(a.seq)
-        a.shared_upto = 0
+        a.kv.clear()
         self.residency.release(a)
         a.counters["parks"] += 1
         core.totals["parks"] += 1
@@ -130,26 +122,15 @@ class Mover:
                 back to re-prefill).
         """
         core = self.core
-        assert a.seq is not None, f"{a.id=}"
+        assert a.kv is not None, f"{a.id=}"
         src = a.tier
         stored = core.tiers[src].get(a.id) if src in core.tiers else None
         if stored is None:
             raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
-        a.shared_upto = 0
-        a.swa_gap = stored.block is not None  # the block's cells, then the private window
-        if not (stored.block is not None and self._restore_linked(a, stored)):
-            blob = self.unpark_blob(stored)
-            seq = a.seq
-            # 0 = rejected: a wrong layout, or not enough free cells in the shared cache;
-            # for the latter, park idle agents and try again before giving up
-            if not self.residency.fit(a, lambda: core.ctx.state_set(seq, blob) != 0):
-                raise StateError("llama_state_seq_set_data rejected the blob")
-        pos_max = core.ctx.seq_pos_max(a.seq)
-        if pos_max != a.ledger.n_live - 1:
-            raise StateError(f"restored state ends at position {pos_max}, the ledger has {a.ledger.n_live} live tokens")
-        a.swa_ckpt = stored.swa_ckpt
-        if stored.swa_ckpt is not None and stored.swa_order is not None:
-            a.swa_ckpt = (stored.swa_ckpt, stored.swa_order)  # joined only if used (see swa.py)
+        # a rejected blob: a wrong layout, or not enough free cells even after parking idle agents
+        if not (stored.block is not None and self._restore_linked(a, stored)) and not a.kv.load(
+                self.blocks.joined(stored), stored):
+            raise StateError("llama_state_seq_set_data rejected the blob")
         if src == "warm":
             core.tiers["warm"].delete(a.id)
         a.tier = "empty"
@@ -198,68 +179,37 @@ class Mover:
     def capture(self, a: AgentState, codec: str) -> ParkedState:
         """`a`'s live state, encoded with `codec`; only its private cells when it has a block."""
         core = self.core
-        assert a.seq is not None, f"{a.id=}"
-        blob, order = self.blocks.split(a, core.ctx.state_get(a.seq))
+        assert a.kv is not None, f"{a.id=}"
+        blob, order = self.blocks.split(a, a.kv.capture())
         state = core.codec(codec).encode(blob, n_tokens=a.ledger.n_live)
         if order is None:
             self.blocks.leave(a)
             return state
         return dataclasses.replace(state, block=a.block, order=order)
 
-    def unpark_blob(self, stored: ParkedState) -> np.ndarray:
-        """The f16 blob of a stored state, joined with its shared block."""
-        core = self.core
-        blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-        if stored.block is None:
-            return blob
-        b = core.blocks.get(stored.block)
-        if b is None or stored.order is None:
-            raise StateError(f"shared block {stored.block!r} of a parked state is gone")
-        return join_state(self.blocks.data(b), blob, stored.order)
-
     def _restore_linked(self, a: AgentState, stored: ParkedState) -> bool:
-        """Restore a cut state with its block's cells *shared* from a live member.
+        """Restore a cut state with its block's cells *shared* from a live member (`AgentSeq.link`).
 
-        The private cells are loaded, then `seq_cp` tags the live member's prefix
-        cells for `a` too: no join, no copy of the prefix, and the live cache keeps
-        the prefix once. Sliding-window cells a live member no longer holds (llama.cpp
-        reuses them once they fall out of that member's window) would be missing, so
-        they are checked; on any shortfall `a`'s sequence is emptied and `False`
-        returned (the caller restores the joined blob instead).
+        No join, no copy of the prefix: the live cache keeps it once. False when no
+        member can lend its cells (the caller restores the joined blob instead).
         """
         core = self.core
-        assert a.seq is not None and stored.block is not None and stored.order is not None
+        assert a.kv is not None and stored.block is not None and stored.order is not None
         b = core.blocks.get(stored.block)
         if b is None or b.data is None or not core.ctx.params.kv_unified:
             return False  # (per-sequence streams: a seq_cp would copy whole streams)
-        live = [x for x in (core.agents.get(r) for r in b.refs if r != a.id)
-                if x is not None and x.seq is not None and x.block == b.id]
+        live = [x.kv for x in (core.agents.get(r) for r in b.refs if r != a.id)
+                if x is not None and x.kv is not None and x.block == b.id]
         if not live:
             return False
-        m = self.swa.nearest_member(live)
-        assert m.seq is not None
+        m = self.seqs.nearest(live)
         private = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-        order = stored.order
-        n_sec = int(order[0])
-        n_private = int(np.count_nonzero(order[1 + n_sec :] < 0))
-        seq = a.seq
-        m.busy += 1  # making room must not park the member whose cells are linked
+        m.agent.busy += 1  # making room must not park the member whose cells are linked
         try:
-            if n_private:
-                if not self.residency.fit(a, lambda: core.ctx.state_set(seq, private) != 0):
-                    core.ctx.seq_rm(seq)
-                    return False
-            else:
-                core.ctx.seq_rm(seq)
-            core.ctx.seq_cp(m.seq, seq, 0, b.n_tokens)
-            if not self.swa.linked_complete(seq, order, private):
-                logger.debug("agent %r: member %r no longer holds the window's cells; joining instead", a.id, m.id)
-                core.ctx.seq_rm(seq)
+            if not a.kv.link(m, b.n_tokens, stored, private):
                 return False
         finally:
-            m.busy -= 1
-        a.shared_upto = b.n_tokens
-        m.shared_upto = max(m.shared_upto, b.n_tokens)
+            m.agent.busy -= 1
         core.totals["linked_restores"] += 1
         return True
 
@@ -281,8 +231,8 @@ class Mover:
         may be stale; `Persister.load` reads it back as the archive holds it.
         """
         core = self.core
-        if a.seq is not None:
-            core.ctx.seq_rm(a.seq)
+        if a.kv is not None:
+            a.kv.clear()
             self.residency.release(a)
         core.tiers["warm"].delete(a.id)
         self.blocks.leave(a)
@@ -340,22 +290,7 @@ class Mover:
         """`capture` of a resident agent that stays resident, with its sliding-window checkpoint.
 
         Taking the checkpoint drops the reply's cells, so the sequence is reloaded
-        from the full state afterwards (its cells are then private to it).
+        from the full state afterwards (`AgentSeq.checkpointed`: its cells are then private to it).
         """
-        core = self.core
-        assert a.seq is not None, f"{a.id=}"
-        state = self.capture(a, codec)
-        if not self.swa.active:
-            return state
-        seq = a.seq
-        full = core.ctx.state_get(seq)
-        ckpt = self.swa.capture(a)
-        if ckpt is None:
-            return state
-        if not self.residency.fit(a, lambda: core.ctx.state_set(seq, full) != 0):
-            core.ctx.seq_rm(seq)  # cannot happen (the cells were just freed); never keep a half state
-            a.ledger.truncate(0)
-            self.blocks.leave(a)
-            raise StateError(f"agent {a.id!r}: its live state could not be reloaded after the checkpoint")
-        a.shared_upto = 0
-        return dataclasses.replace(state, swa_ckpt=ckpt[0], swa_order=ckpt[1])
+        assert a.kv is not None, f"{a.id=}"
+        return a.kv.checkpointed(self.capture(a, codec), keep_cells=True)

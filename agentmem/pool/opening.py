@@ -2,14 +2,15 @@
 and the collaborators of a call wired over it.
 
 `open_core` validates the policy names first (before anything heavy is loaded),
-then builds the native handles, and frees what it built when a later step fails.
+then builds the native handles and the stores, and frees what it built when a later step fails.
 `wire` builds the collaborators; a lower one gets a callable, not a reference upward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from agentmem.archive import Archive, ArchiveBase, open_archive
 from agentmem.config import PoolConfig
@@ -18,7 +19,7 @@ from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, lla
 from agentmem.memory.parking import make_park_codec
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
-from agentmem.policy.placement import get_policy
+from agentmem.policy.placement import PlacementPolicy, get_policy
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.decoder import Decoder
@@ -28,16 +29,19 @@ from agentmem.pool.mover import Mover
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
 from agentmem.pool.sharing import Sharing
+from agentmem.pool.sequence import Sequences
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import window_rules
 from agentmem.pool.trimming import Trimmer
 from agentmem.pool.turn import TurnRunner
+from agentmem.pool.window import window_rules
 
 __all__ = ["Collaborators", "open_core", "wire"]
 
 
 def open_core(cfg: PoolConfig) -> PoolCore:
-    """Everything a pool shares, built from its configuration.
+    """Everything a pool shares, built from its configuration, in three phases:
+    validate the names (nothing heavy loaded yet), open the native handles, open the
+    stores; what was built is freed when a later phase fails.
 
     Raises:
         ModelNotFoundError: no model at the path (or the bundled one is not installed).
@@ -47,44 +51,15 @@ def open_core(cfg: PoolConfig) -> PoolCore:
         ArchiveError: the archive (file or PostgreSQL URL) cannot be opened.
     """
     model_path = resolve_model_path(cfg.model_path)
-    # validate names before loading anything heavy
-    placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
-                           **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
-    if cfg.agent_budget_tokens:
-        PoolCore.eviction_policy(cfg.eviction)
-    for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
-        make_park_codec(spec, rotate=cfg.park_rotate)
+    placement = _validate_names(cfg)
+    unified = choose_kv_layout(cfg) == "unified"
     model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
     ctx: LlamaContext | None = None
     archive: ArchiveBase | None = None
-    unified = choose_kv_layout(cfg) == "unified"
     try:
-        ctx = LlamaContext(
-            model,
-            ContextParams(
-                n_ctx=cfg.n_ctx,
-                n_seq_max=cfg.resident_agents,
-                n_batch=cfg.n_batch,
-                n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
-                n_threads=cfg.n_threads,
-                flash_attn=cfg.flash_attn,
-                type_k=cfg.type_k,
-                type_v=cfg.type_v,
-                swa_full=cfg.swa_full,
-                kv_unified=unified,
-            ),
-        )
+        ctx = _open_context(model, cfg, unified=unified)
         renderer = ChatRenderer(model, cfg.chat_format)
-        fingerprint = {
-            "model": model_fingerprint(model_path),
-            "type_k": cfg.type_k,
-            "type_v": cfg.type_v,
-            "flash_attn": cfg.flash_attn,
-            "swa_full": cfg.swa_full,
-            "n_seq_max": cfg.resident_agents,
-            "kv_unified": unified,
-            "llama": llama_build_info(),
-        }
+        fingerprint = _fingerprint(model_path, cfg, unified=unified)
         if cfg.archive_url or cfg.archive_path:  # a shared PostgreSQL database, or a SQLite file
             archive = open_archive(cfg.archive_url or cfg.archive_path)
         tiers = build_tiers(archive=archive, fingerprint=fingerprint)
@@ -104,6 +79,50 @@ def open_core(cfg: PoolConfig) -> PoolCore:
     )
 
 
+def _validate_names(cfg: PoolConfig) -> PlacementPolicy:
+    """The placement policy, after checking every policy and codec name (before anything heavy is loaded)."""
+    placement = get_policy(cfg.placement, warm_codec=cfg.park_codec, cold_codec=cfg.cold_codec,
+                           **({"background_codec": cfg.background_codec} if cfg.placement == "cost" else {}))
+    if cfg.agent_budget_tokens:
+        PoolCore.eviction_policy(cfg.eviction)
+    for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+        make_park_codec(spec, rotate=cfg.park_rotate)
+    return placement
+
+
+def _open_context(model: LlamaModel, cfg: PoolConfig, *, unified: bool) -> LlamaContext:
+    """The shared llama.cpp context: one sequence per resident agent, in the chosen KV layout."""
+    return LlamaContext(
+        model,
+        ContextParams(
+            n_ctx=cfg.n_ctx,
+            n_seq_max=cfg.resident_agents,
+            n_batch=cfg.n_batch,
+            n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
+            n_threads=cfg.n_threads,
+            flash_attn=cfg.flash_attn,
+            type_k=cfg.type_k,
+            type_v=cfg.type_v,
+            swa_full=cfg.swa_full,
+            kv_unified=unified,
+        ),
+    )
+
+
+def _fingerprint(model_path: Path, cfg: PoolConfig, *, unified: bool) -> dict[str, Any]:
+    """What a stored state must match to be loaded into this context (model, KV types, layout, llama.cpp build)."""
+    return {
+        "model": model_fingerprint(model_path),
+        "type_k": cfg.type_k,
+        "type_v": cfg.type_v,
+        "flash_attn": cfg.flash_attn,
+        "swa_full": cfg.swa_full,
+        "n_seq_max": cfg.resident_agents,
+        "kv_unified": unified,
+        "llama": llama_build_info(),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Collaborators:
     """The objects that run a call, built once per pool by `wire`."""
@@ -121,7 +140,6 @@ class Collaborators:
 
 def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
     """Build the collaborators of a call over `core`; `after_call` runs the housekeeping of a finished call."""
-    swa = window_rules(core.ctx, core.model.n_swa)
     blocks = BlockRefs(core)
     persist = Persister(core, blocks)
 
@@ -131,10 +149,12 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
         budgets.rebalance(urgent_only=True)
 
     hints = Hints()
-    residency = Residency(core, park=park_victim, hints=hints)
-    mover = Mover(core, residency, blocks, persist, swa)
+    # the door to each agent's KV, its sliding-window rules chosen once for the model
+    seqs = Sequences(core.ctx, blocks, core.totals, window=window_rules(core.ctx, core.model.n_swa))
+    residency = Residency(core, seqs, park=park_victim, hints=hints)
+    mover = Mover(core, residency, blocks, persist)
     budgets = Budgets(core, mover, hints)
-    sharing = Sharing(core, residency, mover, blocks, swa)
-    decoder = Decoder(core, residency, Trimmer(core, blocks, sharing))
-    turns = TurnRunner(core, mover=mover, sharing=sharing, blocks=blocks, decoder=decoder, swa=swa, after_call=after_call)
+    sharing = Sharing(core, residency, mover, blocks)
+    decoder = Decoder(core, residency, Trimmer(core))
+    turns = TurnRunner(core, mover=mover, sharing=sharing, decoder=decoder, after_call=after_call)
     return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns, hints)

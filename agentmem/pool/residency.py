@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from agentmem.pool.hints import MAX_EXPECTED, Hints
 from agentmem.pool.state import AgentState, PoolCore
+
+if TYPE_CHECKING:
+    from agentmem.pool.sequence import Sequences
 
 __all__ = ["Residency"]
 
@@ -28,13 +31,16 @@ class Residency:
 
     Args:
         core: the pool's shared state.
+        seqs: opens the door to a sequence (`AgentSeq`) for the agent it is assigned to.
         park: parks an idle resident agent (releasing its sequence); raises
             `AgentMemError` when it cannot.
         hints: the workflow's hints (expected order, holds); none by default.
     """
 
-    def __init__(self, core: PoolCore, park: Callable[[AgentState], None], hints: Hints | None = None) -> None:
+    def __init__(self, core: PoolCore, seqs: Sequences, park: Callable[[AgentState], None],
+                 hints: Hints | None = None) -> None:
         self.core = core
+        self.seqs = seqs
         self._park = park
         self.hints = hints or Hints()
         n = core.config.resident_agents
@@ -99,15 +105,14 @@ class Residency:
         finally:
             del self.waiters[a.id]
             core.cond.notify_all()
-        a.seq = self.free.pop()
+        a.kv = self.seqs.open(a, self.free.pop(), fit=lambda attempt: self.fit(a, attempt))
         return "assigned"
 
     def release(self, a: AgentState) -> None:
-        """Return `a`'s sequence (already emptied by the caller) to the free list."""
-        assert a.seq is not None, f"{a.id=}"
-        self.free.append(a.seq)
-        a.seq = None
-        a.swa_gap = False
+        """Return `a`'s sequence (already emptied by the caller: `AgentSeq.clear`) to the free list."""
+        assert a.kv is not None, f"{a.id=}"
+        self.free.append(a.kv.id)
+        a.kv = None
         self.core.cond.notify_all()
 
     def make_room(self, keep: AgentState) -> bool:

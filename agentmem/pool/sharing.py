@@ -4,8 +4,9 @@ A fresh agent whose prompt starts like another agent's history (of its own
 tenant, or a share it may use: `agentmem.pool.tenants`) gets those cells
 without recompute: tagged in the live cache (`seq_cp`) from a resident donor, or
 restored from a parked one. A copied prefix becomes a shared block, so parked
-copies keep it once. Cells shared with other sequences are made private before
-anything shifts them.
+copies keep it once. The cells move through the agents' sequences
+(`AgentSeq.copy_from`, `AgentSeq.load_prefix`); the sliding-window questions go to
+`Sequences`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.mover import Mover
 from agentmem.pool.residency import Residency
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import NoWindow
 
 __all__ = ["Sharing"]
 
@@ -34,85 +34,52 @@ logger = logging.getLogger(__name__)
 class Sharing:
     """Prefix donors, copies between sequences, handoffs and privatizing (lock held)."""
 
-    def __init__(self, core: PoolCore, residency: Residency, mover: Mover, blocks: BlockRefs, swa: NoWindow) -> None:
+    def __init__(self, core: PoolCore, residency: Residency, mover: Mover, blocks: BlockRefs) -> None:
         self.core = core
         self.residency = residency
         self.mover = mover
         self.blocks = blocks
-        self.swa = swa
+        self.seqs = residency.seqs
 
     def reset(self, d: AgentState) -> None:
         """Empty `d`'s KV, stored states and ledger (it keeps its sequence if it has one)."""
         core = self.core
-        if d.seq is not None:
-            core.ctx.seq_rm(d.seq)
+        if d.kv is not None:
+            d.kv.clear()  # the checkpoint goes too: it belonged to the old ledger
         for t in core.tiers.values():
             t.delete(d.id)
         d.tier = "empty"
         d.ledger = Ledger()
-        d.shared_upto = 0
-        # the prompt end and checkpoint belonged to the old ledger: a checkpoint taken or
-        # restored at that position would not match the new one
+        # the prompt end belonged to the old ledger: a checkpoint taken at it would not match the new one
         d.prompt_end = (0, 0)
-        d.swa_ckpt = None
-        d.swa_gap = False
         self.blocks.leave(d)
-
-    def privatize(self, a: AgentState) -> None:
-        """Give `a` its own copies of cells it may share with other sequences (before shifting them)."""
-        core = self.core
-        assert a.seq is not None, f"{a.id=}"
-        seq = a.seq
-        blob = core.ctx.state_get(seq)
-        if not self.residency.fit(a, lambda: core.ctx.state_set(seq, blob) != 0):
-            raise StateError(f"no room to make agent {a.id!r}'s shared cells private")
-        a.shared_upto = 0
-        core.totals["privatized"] += 1
 
     def copy_prefix(self, s: AgentState, d: AgentState, n: int) -> str:
         """Give `d` (resident) the first `n` history tokens of `s` and their KV (both busy).
 
         Returns `"shared"` (cells tagged from a live `s`), `"copied"` (from a live `s`'s
         state blob, with per-sequence KV streams) or `"restored"` (from its
-        parked state). Raises `StateError` when the cells cannot be had.
+        parked state). Raises `StateError` when the cells cannot be had (`d` is then left empty).
         """
         core = self.core
-        ctx = core.ctx
-        assert d.seq is not None, "the destination needs a sequence"
+        assert d.kv is not None, "the destination needs a sequence"
         self.reset(d)
         n_live = s.ledger.live_before(n)
         arrays = {k: v[:n] for k, v in s.ledger.to_arrays().items()}
-        if s.seq is not None and ctx.params.kv_unified:
-            # the donor's sliding-window cells below its own window may have been reused
-            if n_live > 0 and not self.swa.reaches(s.seq, n_live, exact=s.swa_gap):
-                raise StateError(f"agent {s.id!r} no longer holds the sliding-window cells before position {n_live}")
-            ctx.seq_cp(s.seq, d.seq, 0, n_live)
-            d.swa_gap = s.swa_gap
-            d.shared_upto = n_live
-            s.shared_upto = max(s.shared_upto, n_live)
-            mode = "shared"
-        else:
-            # from a parked donor's state; with per-sequence streams from a live donor's too
-            # (a seq_cp between streams copies whole streams: llama.cpp aborts on a partial one)
-            if s.seq is not None:
-                blob = ctx.state_get(s.seq)
-                d.swa_gap = s.swa_gap
-            else:
+        try:
+            if s.kv is not None:  # from a live donor's cells (shared, or copied between per-sequence streams)
+                mode = d.kv.copy_from(s.kv, n_live)
+            else:  # from a parked donor's state
                 stored = core.tiers[s.tier].get(s.id) if s.tier in core.tiers else None
                 if stored is None:
                     raise StateError(f"agent {s.id!r} has no KV state to hand off")
-                blob = self.mover.unpark_blob(stored)
-                d.swa_gap = stored.block is not None
-            if ctx.state_set(d.seq, blob) == 0:
-                raise StateError(f"the state of agent {s.id!r} could not be loaded for the handoff")
-            if n_live < s.ledger.n_live:
-                if not self.swa.reaches(d.seq, n_live, exact=d.swa_gap):
-                    ctx.seq_rm(d.seq)
-                    raise StateError(f"agent {s.id!r} is parked past its sliding window; hand off from it while it is live")
-                ctx.seq_rm(d.seq, n_live, -1)
-            mode = "copied" if s.seq is not None else "restored"
+                d.kv.load_prefix(self.blocks.joined(stored), stored, n_live, s.ledger.n_live, s.id)
+                mode = "restored"
+        except AgentMemError:
+            self.reset(d)  # nothing half-copied stays
+            raise
         d.ledger = Ledger.from_arrays(arrays)
-        if n_live == n and n >= max(1, core.config.min_share_tokens) and ctx.params.kv_unified:
+        if n_live == n and n >= max(1, core.config.min_share_tokens) and core.ctx.params.kv_unified:
             # one shared block for the prefix: parked copies of both then keep it once. A
             # donor's block that covers part of the prefix is reused (the rest is private).
             # (Per-sequence streams hold no shared cells: each copy is its own.)
@@ -154,7 +121,7 @@ class Sharing:
             if n < n_min:
                 break  # longest first: the rest are shorter
             # a donor's state blob keeps only its last window of the sliding-window layers
-            if (x.seq is None or not core.ctx.params.kv_unified) and not self.swa.parked_can_cut(x.ledger.n_live, n):
+            if (x.seq is None or not core.ctx.params.kv_unified) and not self.seqs.parked_can_cut(x.ledger.n_live, n):
                 continue
             ranked.append((n, x.id))
         ranked.sort(key=lambda t: (-t[0], core.agents[t[1]].seq is None, t[1]))  # longest first, live first
@@ -163,9 +130,8 @@ class Sharing:
             donor.busy += 1
             try:
                 self.copy_prefix(donor, a, n)
-            except AgentMemError as exc:
+            except AgentMemError as exc:  # (`a` was left empty)
                 logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
-                self.reset(a)
                 continue
             finally:
                 donor.busy -= 1

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 
 from agentmem.errors import UnknownAgentError
 from agentmem.memory.ledger import Ledger
@@ -25,6 +24,8 @@ from agentmem.pool.tenants import TenantScope
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from agentmem.pool.sequence import AgentSeq
 
     from agentmem.config import PoolConfig
     from agentmem.engine.renderer import ChatRenderer
@@ -55,13 +56,18 @@ TIERS = ("empty", "warm", "cold")
 class AgentState:
     """What the pool keeps for one agent.
 
-    Invariants (checked by `check`, which the pool calls where a call ends):
+    Invariants (checked by `check`, which the pool calls where a call ends; the
+    first and the third hold by construction):
 
-    * `seq` is set exactly while the agent is *hot*; a hot agent's `tier` is
-      `"empty"` (its state lives in the sequence, not in a tier).
+    * `seq` is set exactly while the agent is *hot*: it is `kv.id`, and `kv` (the
+      door to its sequence, `agentmem.pool.sequence.AgentSeq`) exists only from the
+      sequence's assignment to its release. A hot agent's `tier` is `"empty"` (its
+      state lives in the sequence, not in a tier).
     * `tier` is `"empty"`, `"warm"` or `"cold"`: where the parked state is.
     * `0 <= ledger.n_live <= len(ledger)`; the live cells of `seq` are exactly
-      the ledger's live tokens, in order, at positions `0 .. n_live - 1`.
+      the ledger's live tokens, in order, at positions `0 .. n_live - 1`: only `kv`
+      cuts, evicts or loads cells, and it changes the ledger with them (the decoder
+      extends both as it decodes).
     * `busy >= 0`: calls (or a handoff, a linked restore) that hold the agent; a
       busy agent is never parked, forgotten or evicted by another thread.
     * `block`, when set, names a block in the pool's `BlockStore` whose `refs`
@@ -71,7 +77,7 @@ class AgentState:
 
     id: str
     ledger: Ledger = field(default_factory=Ledger)
-    seq: int | None = None
+    kv: AgentSeq | None = None  # the door to its sequence while it is resident
     tier: str = "empty"  # where its state is when not hot: warm / cold / empty
     busy: int = 0
     last_used: float = 0.0
@@ -83,19 +89,15 @@ class AgentState:
     labels: dict[str, Any] = field(default_factory=dict)
     # end of the last prompt (history index, live position), before its reply was generated
     prompt_end: tuple[int, int] = (0, 0)
-    # sliding-window layers as of prompt_end, captured when parked (see swa.py)
-    # (a tuple ``(private blob, order)`` when stored cut against the parked state)
-    swa_ckpt: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
-    # its sliding-window cells may have a gap (a state joined from a shared block's cells and
-    # a private last window): `SlidingWindow.reaches` then checks every position, not just the lowest
-    swa_gap: bool = False
     # shared KV block its first cells belong to (parked states then keep only the rest)
     block: str | None = None
-    # cells at positions below this may be tagged for other sequences too (seq_cp):
-    # shifting them (eviction) would move them for everyone, so they are made private first
-    shared_upto: int = 0
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(AGENT_COUNTERS, 0))
     evicted_regions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def seq(self) -> int | None:
+        """Its sequence id while it is resident, else None."""
+        return None if self.kv is None else self.kv.id
 
     def check(self) -> None:
         """Assert the invariants that are cheap to check (see the class docstring)."""

@@ -1,9 +1,9 @@
 """Trimming an agent to its token budget: the eviction policy picks, this module removes.
 
 `Trimmer.evict` asks the agent's eviction strategy which token ranges to drop,
-removes them from the sequence (`seq_rm`), shifts each kept segment once
-(`seq_add`), marks them evicted in the ledger and writes the evicted text as
-recall rows (full-text searchable through `MemoryPool.recall`).
+has the agent's sequence drop them (`AgentSeq.evict`: the cells removed, each kept
+segment shifted once, the ledger marked) and writes the evicted text as recall
+rows (full-text searchable through `MemoryPool.recall`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 
 from agentmem.engine.chat_format import REGIONS
 from agentmem.policy.view import LedgerView
-from agentmem.pool.blocks import BlockRefs
-from agentmem.pool.sharing import Sharing
 from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["Trimmer"]
@@ -27,10 +25,8 @@ logger = logging.getLogger(__name__)
 class Trimmer:
     """Runs the eviction policy on resident agents (lock held)."""
 
-    def __init__(self, core: PoolCore, blocks: BlockRefs, sharing: Sharing) -> None:
+    def __init__(self, core: PoolCore) -> None:
         self.core = core
-        self.blocks = blocks
-        self.sharing = sharing
 
     def view(self, a: AgentState) -> LedgerView:
         """What the eviction policy sees of `a`'s live tokens."""
@@ -47,13 +43,8 @@ class Trimmer:
         ranges = policy.select(self.view(a), target=target, block=core.config.eviction_block)
         if not ranges:
             return time.perf_counter() - t0
-        assert a.seq is not None, f"{a.id=}"
-        self.blocks.leave_below(a, ranges[0][0])
-        if ranges[0][0] < a.shared_upto:
-            # shifting cells other sequences share would move them for those too
-            self.sharing.privatize(a)
-        self._remove(a.seq, ranges)
-        hist = a.ledger.evict_live(ranges)
+        assert a.kv is not None, f"{a.id=}"
+        hist = a.kv.evict(ranges)
         self._archive_text(a, hist)
         a.counters["evictions"] += 1
         a.counters["evicted_tokens"] += int(hist.size)
@@ -62,23 +53,6 @@ class Trimmer:
         dt = time.perf_counter() - t0
         logger.debug("agent %r: evicted %d tokens in %d ranges (%.2f ms)", a.id, hist.size, len(ranges), 1e3 * dt)
         return dt
-
-    def _remove(self, seq: int, ranges: list[tuple[int, int]]) -> None:
-        """Remove every range, then shift each kept segment once by what was removed before it.
-
-        Every cell moves once (one `seq_add` per range, each shifting everything
-        after it, costs O(ranges x cells) in llama.cpp's position maps: 0.6 ms per
-        call at 2k).
-        """
-        ctx = self.core.ctx
-        for s, e in ranges:
-            ctx.seq_rm(seq, s, e)
-        removed = 0
-        for k, (s, e) in enumerate(ranges):
-            removed += e - s
-            nxt = ranges[k + 1][0] if k + 1 < len(ranges) else -1
-            if nxt == -1 or nxt > e:
-                ctx.seq_add(seq, e, nxt, -removed)
 
     def _archive_text(self, a: AgentState, hist: np.ndarray) -> None:
         """Evicted text to the recall store, one row per contiguous run of one message."""

@@ -5,9 +5,9 @@ admit → place → reconcile → share → prefill → generate → finish:
 * **admit** — the agent's record (created on first use); calls of one agent run
   one at a time, since they share one sequence.
 * **place** — make it resident (`Mover.make_resident`: reused, restored, fresh).
-* **reconcile** — keep the longest common prefix of its KV and the new prompt;
-  drop the divergent tail (rolling back to the sliding-window checkpoint when the
-  window no longer reaches the cut).
+* **reconcile** — keep the longest common prefix of its KV and the new prompt:
+  one `AgentSeq.cut` drops the divergent tail (rolling back to the sliding-window
+  checkpoint when the window no longer reaches the cut).
 * **share** — a fresh agent takes the longest prefix another agent holds.
 * **prefill** — decode only the new tokens (trimming to the budget on the way).
 * **generate** — sample, stream text pieces, stop on end of turn / stop strings
@@ -27,8 +27,7 @@ from typing import Callable, Iterator
 
 from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
-from agentmem.errors import AgentMemError, ContextOverflowError, PoolClosedError
-from agentmem.pool.blocks import BlockRefs
+from agentmem.errors import ContextOverflowError, PoolClosedError
 from agentmem.pool.canon import CallCanon, Opening
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.lifetime import Cancel
@@ -36,7 +35,6 @@ from agentmem.pool.mover import Mover
 from agentmem.pool.results import ChatResult, Timings, Usage
 from agentmem.pool.sharing import Sharing
 from agentmem.pool.state import AgentState, PoolCore
-from agentmem.pool.swa import NoWindow
 from agentmem.tools.canonical import BareCallWatch
 
 __all__ = ["TurnRunner"]
@@ -58,19 +56,15 @@ class TurnRunner:
         *,
         mover: Mover,
         sharing: Sharing,
-        blocks: BlockRefs,
         decoder: Decoder,
-        swa: NoWindow,
         after_call: Callable[[str], None],
     ) -> None:
         self.core = core
         self.mover = mover
         self.sharing = sharing
-        self.blocks = blocks
         self.decoder = decoder
-        self.swa = swa
         self.after_call = after_call
-        self.canon = CallCanon(core, decoder, swa)
+        self.canon = CallCanon(core, decoder)
 
     def run(
         self, agent_id: str, prompt: RenderedPrompt, params: SamplingParams, *, n_messages: int,
@@ -183,43 +177,8 @@ class TurnRunner:
 
     def _reconcile(self, a: AgentState, prompt: RenderedPrompt) -> int:
         """Keep the longest common prefix of `a`'s KV and `prompt`; returns the tokens kept."""
-        core = self.core
-        ctx = core.ctx
-        assert a.seq is not None, f"{a.id=}"
-        n_keep = min(a.ledger.common_prefix(prompt.tokens), len(prompt.tokens) - 1)
-        ckpt, a.swa_ckpt = a.swa_ckpt, None
-        if n_keep >= len(a.ledger):
-            return n_keep
-        keep_live = a.ledger.live_before(n_keep)
-        ck_blob = None
-        if 0 < keep_live < a.ledger.n_live and not self.swa.reaches(a.seq, keep_live, exact=a.swa_gap):
-            # A restored state carries only the last window of the sliding-window
-            # layers; cutting back below it would leave them without history.
-            if ckpt is not None and keep_live >= a.prompt_end[1]:
-                try:  # the checkpoint plus the reply's cells up to the cut (built before they change)
-                    ck_blob = self.swa.window_at(a, ckpt, keep_live)
-                    if ck_blob is None:  # the reply outgrew the window: roll back to the prompt end
-                        ck_blob = self.swa.window_at(a, ckpt, a.prompt_end[1])
-                        n_keep = a.prompt_end[0]
-                except AgentMemError as exc:
-                    logger.debug("agent %r: SWA checkpoint unusable (%s)", a.id, exc)
-                    ck_blob = None
-            if ck_blob is None:
-                logger.debug("agent %r: SWA cells do not reach %d; re-prefilling", a.id, keep_live)
-                n_keep = 0
-        keep_live = a.ledger.truncate(n_keep)
-        ctx.seq_rm(a.seq, keep_live, -1)
-        if keep_live == 0:
-            a.swa_gap = False
-        self.blocks.leave_below(a, keep_live)
-        if ck_blob is not None and not self.swa.restore_checkpoint(a.seq, ck_blob, keep_live):
-            logger.debug("agent %r: SWA checkpoint rejected; re-prefilling", a.id)
-            ctx.seq_rm(a.seq)
-            a.ledger.truncate(0)
-            a.swa_gap = False
-            self.blocks.leave(a)
-            n_keep = 0
-        return n_keep
+        assert a.kv is not None, f"{a.id=}"
+        return a.kv.cut(min(a.ledger.common_prefix(prompt.tokens), len(prompt.tokens) - 1))
 
     def _share(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, timings: Timings) -> int:
         """For an agent with nothing kept: tokens taken from another agent's prefix (0: none)."""

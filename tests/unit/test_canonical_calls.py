@@ -19,7 +19,9 @@ import pytest
 from agentmem.engine.sampling import SamplingParams, TextAssembler
 from agentmem.errors import ConfigError
 from agentmem.pool.state import AgentState
-from agentmem.pool.swa import NoWindow
+from agentmem.pool.blocks import BlockRefs
+from agentmem.pool.sequence import Sequences
+from agentmem.pool.window import NoWindow
 from agentmem.pool.turn import TurnRunner
 from agentmem.tools.canonical import BareCallWatch, bare_call_watch, watch_for
 from agentmem.tools.formats import TOOL_FORMATS, get_tool_format
@@ -172,10 +174,10 @@ def script_runner(script: list[int]) -> tuple[FakeCore, ScriptDecoder, TurnRunne
     """A turn loop over the fakes whose decoder replays `script` (its first token is the prefill's), and a resident agent."""
     core = FakeCore()
     dec = ScriptDecoder(script[1:])
-    runner = TurnRunner(core, mover=None, sharing=None, blocks=None, decoder=dec, swa=NoWindow(),  # type: ignore[arg-type]
+    runner = TurnRunner(core, mover=None, sharing=None, decoder=dec,  # type: ignore[arg-type]
                         after_call=lambda _: None)
     a = AgentState("a")
-    a.seq = 0
+    a.kv = Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow()).open(a, 0, fit=lambda attempt: attempt())  # type: ignore[arg-type]
     return core, dec, runner, a
 
 
@@ -320,7 +322,7 @@ def test_the_closing_tokenizes_the_format_markers_as_markup_and_the_call_as_text
 
     core = FakeCore()
     core.model = Recording()
-    CallCanon(core, None, NoWindow())._call_tokens(CANONICAL, HERMES.markers)  # type: ignore[arg-type]
+    CallCanon(core, None)._call_tokens(CANONICAL, HERMES.markers)  # type: ignore[arg-type]
     body = CANONICAL[len("<tool_call>"):-len("</tool_call>")]
     assert seen == [[("<tool_call>", True), (body, False), ("</tool_call>", True)]]
 

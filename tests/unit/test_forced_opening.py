@@ -20,7 +20,6 @@ from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import SamplingParams, TextAssembler
 from agentmem.errors import ConfigError
 from agentmem.pool.canon import CallCanon
-from agentmem.pool.swa import NoWindow
 from agentmem.tools.formats import get_tool_format
 from agentmem.tools.grammar import split_forced_prefix
 
@@ -114,7 +113,7 @@ def test_the_opening_is_appended_as_markup_and_text() -> None:
 
     core = FakeCore()
     core.model = Recording()
-    canon = CallCanon(core, None, NoWindow())  # type: ignore[arg-type]
+    canon = CallCanon(core, None)  # type: ignore[arg-type]
     prompt, op = canon.opening(RenderedPrompt([5, 6], []), '<tool_call>\n{"name": "f", "arguments":', HERMES)
     assert seen == [[("<tool_call>", True), ('\n{"name": "f", "arguments":', False)]]
     assert prompt.tokens == [5, 6, 1, 2, 3] and op.tokens == (1, 2, 3)

@@ -1,4 +1,4 @@
-"""Every sliding-window rule of the pool in one object, chosen once per model.
+"""Every sliding-window rule of the pool in one object, chosen once per model: the door's private strategy.
 
 Gemma 3 keeps only the last `n_swa` positions in its sliding-window layers
 (llama.cpp reuses the cells below them). That decides whether a sequence can be
@@ -7,6 +7,10 @@ still holds what a linked restore needs, and it is why a parked agent keeps a
 *checkpoint* of those layers as of its last prompt's end. `SlidingWindow`
 implements those rules; `NoWindow` is its no-op twin for models without a window,
 so the pool never asks "does this model have a window?" itself.
+
+Only the door to a sequence's KV (`agentmem.pool.sequence`) holds these rules (as
+vLLM's `SlidingWindowManager` is its KV cache manager's): they speak of sequence
+ids and positions, never of agent records.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from agentmem.codec import join_state, parse_state, split_state
 
 if TYPE_CHECKING:
     from agentmem.engine.context import LlamaContext
-    from agentmem.pool.state import AgentState
 
 __all__ = ["NoWindow", "SlidingWindow", "window_rules"]
 
@@ -36,7 +39,7 @@ class NoWindow:
     def reaches(self, seq: int, n_live: int, *, exact: bool = False) -> bool:
         """True when sequence `seq` still holds the window needed to continue after `n_live` tokens.
 
-        `exact`: the sequence's window cells may have a gap (`AgentState.swa_gap`), so every
+        `exact`: the sequence's window cells may have a gap (a shared block's, then a private window), so every
         position of the window is checked, not only the lowest one held.
         """
         return True
@@ -45,22 +48,26 @@ class NoWindow:
         """True when a parked state of `n_live` tokens can be cut back to its first `n`."""
         return True
 
-    def nearest_member(self, members: Sequence[AgentState]) -> AgentState:
-        """The live member whose cells a linked restore should share."""
-        return members[0]
+    def widest(self, seqs: Sequence[int]) -> int:
+        """Of the sequences holding a shared block's cells, the index of the one a linked restore should share."""
+        return 0
 
-    def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The checkpoint to park with `a` (resident); `None`: none needed."""
+    def checkpoint(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The checkpoint to park with sequence `seq` (`n_live` cells, its last prompt ending at `pe_live`).
+
+        `gap`: its window cells may have a gap (see `reaches`). `None`: none needed (nothing
+        is changed); otherwise the cells from `pe_live` on are dropped from `seq`.
+        """
         return None
 
-    def window_at(self, a: AgentState, ckpt: Any, n_live: int) -> np.ndarray | None:
-        """The sliding-window layers `a` needs to continue after `n_live` live tokens.
+    def window_at(self, seq: int, ckpt: Any, pe_live: int, n_live: int, end: int) -> np.ndarray | None:
+        """The sliding-window layers sequence `seq` needs to continue after `n_live` live tokens.
 
-        Built from the checkpoint (the layers as of the prompt end) and the cells `a`
-        still holds from the prompt end up to `n_live`, so a restored agent keeps the
-        reply tokens the app re-sent. `n_live` lies between `a.prompt_end[1]` and its
-        live end; `a` must still hold its restored state. `None`: those cells are not
-        all there (a reply longer than the window); roll back to the prompt end instead.
+        Built from the checkpoint (the layers as of the prompt end `pe_live`) and the cells
+        `seq` still holds from the prompt end up to `n_live`, so a restored agent keeps the
+        reply tokens the app re-sent. `n_live` lies between `pe_live` and the live end `end`;
+        `seq` must still hold its restored state. `None`: those cells are not all there (a
+        reply longer than the window); roll back to the prompt end instead.
         """
         return ckpt
 
@@ -106,45 +113,40 @@ class SlidingWindow(NoWindow):
         # (positions from n_live - n_swa): it can be cut back only within that
         return max(0, n_live - self.n_swa) <= self._floor(n)
 
-    def nearest_member(self, members: Sequence[AgentState]) -> AgentState:
+    def widest(self, seqs: Sequence[int]) -> int:
         # the member whose sliding-window cells reach back furthest covers the most
-        return min(members, key=lambda x: self.ctx.seq_pos_min(x.seq))  # type: ignore[arg-type]
+        return min(range(len(seqs)), key=lambda i: self.ctx.seq_pos_min(seqs[i]))
 
-    def capture(self, a: AgentState) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def checkpoint(self, seq: int, n_live: int, pe_live: int, *, gap: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
         # The blob keeps the sliding-window layers only for the window before its end.
         # The app usually re-sends the reply slightly differently (trimmed, edited), so
         # keep those layers as of the prompt's end too: with the reply's cells the blob
         # has, a restore can then be cut anywhere after the prompt end (`window_at`)
         # instead of re-prefilling. (Not needed when the whole history fits the
         # window.) It is stored cut against the parked state's own window: only the
-        # reply's cells are extra. Counted in the state's bytes. Drops `a`'s reply cells.
-        assert a.seq is not None
-        n_live = a.ledger.n_live
-        pe_live = a.prompt_end[1]
+        # reply's cells are extra. Counted in the state's bytes. Drops the reply cells.
         if not (self.n_swa < n_live and 0 < pe_live < n_live - 1):
             return None
-        if not self.reaches(a.seq, pe_live, exact=a.swa_gap):
+        if not self.reaches(seq, pe_live, exact=gap):
             return None  # the window's cells before the prompt end are gone: nothing to roll back to
-        now = self.ctx.swa_state_get(a.seq)
-        self.ctx.seq_rm(a.seq, pe_live, -1)
-        ck = self.ctx.swa_state_get(a.seq)
+        now = self.ctx.swa_state_get(seq)
+        self.ctx.seq_rm(seq, pe_live, -1)
+        ck = self.ctx.swa_state_get(seq)
         try:  # keep only the cells the parked state itself lacks (about the reply's)
             cut = split_state(ck, now, pe_live, partial=True)
         except AgentMemError:
             cut = None
         return (cut[0], cut[1]) if cut else (ck, None)
 
-    def window_at(self, a: AgentState, ckpt: Any, n_live: int) -> np.ndarray | None:
+    def window_at(self, seq: int, ckpt: Any, pe_live: int, n_live: int, end: int) -> np.ndarray | None:
         # A checkpoint holds the window before the prompt end (positions below
         # pe_live); the restored blob holds the last window before the reply's end.
         # Their union, cut at n_live, is exactly what the sequence held when it was
         # live: the checkpoint's cells (stored cut: only those the parked state
         # lacks, the rest named by position) and the live cells [pe_live, n_live).
         # The bytes are the ones llama.cpp computed; no cell is approximated.
-        assert a.seq is not None
-        pe_live = a.prompt_end[1]
-        assert pe_live <= n_live <= a.ledger.n_live, f"{pe_live=}, {n_live=}, {a.ledger.n_live=}"
-        live = self.ctx.swa_state_get(a.seq)
+        assert pe_live <= n_live <= end, f"{pe_live=}, {n_live=}, {end=}"
+        live = self.ctx.swa_state_get(seq)
         reply = np.arange(pe_live, n_live, dtype=np.int32)
         if isinstance(ckpt, tuple):
             private, order = ckpt
