@@ -107,8 +107,9 @@ def test_openai_agents_sdk_tool_round_trip_and_second_run(served: Served) -> Non
     async def main() -> tuple[Any, Any]:
         first = await Runner.run(agent, "What is the weather in Rome?", max_turns=2)
         follow = first.to_input_list() + [{"role": "user", "content": "Is it warm there? Answer yes or no."}]
-        answer = agent.clone(model_settings=ModelSettings(tool_choice="none", temperature=0, max_tokens=48))  # the SDK
-        # raises on `incomplete`: room for the whole reply
+        # the SDK raises on `incomplete` (max_tokens reached): end the reply at its first line
+        answer = agent.clone(model_settings=ModelSettings(tool_choice="none", temperature=0, max_tokens=48,
+                                                          extra_args={"stop": ["\n"]}))
         return first, await Runner.run(answer, follow, max_turns=2)
 
     first, second = asyncio.run(main())
