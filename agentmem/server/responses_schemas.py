@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentmem.errors import ConfigError
 from agentmem.server.schemas import ChatCompletionRequest, Json, Text
 
-__all__ = ["ResponseCreateRequest", "ResponsesInputError", "new_item_id", "normalize_input", "to_chat"]
+__all__ = ["ResponseCreateRequest", "ResponsesInputError", "items_to_messages", "new_item_id", "normalize_input",
+           "public_tools", "rename_field", "to_chat"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 _ROLES = ("user", "assistant", "system", "developer")

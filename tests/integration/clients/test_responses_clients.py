@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -109,7 +109,7 @@ def test_openai_agents_sdk_tool_round_trip_and_second_run(served: Served) -> Non
         follow = first.to_input_list() + [{"role": "user", "content": "Is it warm there? Answer yes or no."}]
         # the SDK raises on `incomplete` (max_tokens reached): end the reply at its first line
         answer = agent.clone(model_settings=ModelSettings(tool_choice="none", temperature=0, max_tokens=48,
-                                                          extra_args={"stop": ["\n"]}))
+                                                          extra_body={"stop": ["\n"]}))
         return first, await Runner.run(answer, follow, max_turns=2)
 
     first, second = asyncio.run(main())
