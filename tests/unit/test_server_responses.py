@@ -8,8 +8,9 @@ not what the model says. The translation itself is tested on its own first.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -274,3 +275,28 @@ def test_input_items_paging_and_bad_queries(server: Any, client: Any) -> None:
     for query in ({"limit": 0}, {"limit": "x"}, {"order": "sideways"}, {"after": "msg_none"}):
         bad = httpx.get(url, params=query, headers={"Authorization": f"Bearer {KEY_A}"})
         assert bad.status_code == 400, (query, bad.text)
+
+
+def test_agents_sdk_streamed_run_reads_the_events(server: Any) -> None:
+    """The OpenAI Agents SDK's streamed run (`Runner.run_streamed`) parses the events into its items."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=KEY_A, max_retries=0)
+    model = agents.OpenAIResponsesModel(model="tiny", openai_client=client)
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Rome"]) -> str:
+        """Weather of a city."""
+        return f"{city}: sunny"
+
+    agent = agents.Agent(name="w", model=model, tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=64))
+
+    async def main() -> tuple[Any, list[str]]:
+        run = agents.Runner.run_streamed(agent, "Weather?", max_turns=2)
+        kinds = [e.type async for e in run.stream_events()]
+        return run, kinds
+
+    run, kinds = asyncio.run(main())
+    assert run.final_output in ("Paris: sunny", "Rome: sunny")
+    assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
