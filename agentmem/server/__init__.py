@@ -16,6 +16,9 @@ queue and the model apart; so does this package):
 `deps.py` holds the FastAPI dependencies (engine, principal).
 `serving.py` is what every front-end shares: agent resolution, admission, disconnect watching, SSE.
 `openai_routes.py` serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
+`responses_schemas.py` reads a Responses API request and turns it into a chat-completions request.
+`responses_store.py` keeps stored responses per tenant scope, LRU-bounded by count and bytes.
+`responses_api.py` serves the OpenAI Responses API (`/v1/responses`: create, streaming events, get, delete).
 `agents_api.py` serves `/agents` (list, show, park, forget, pin, budget, priority, handoff, recall, checkpoint).
 `app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.
 `cli.py` is `agentmem serve`: flags → settings, keys and pool config → uvicorn.

@@ -25,12 +25,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
 from agentmem.pool import MemoryPool
-from agentmem.server import agents_api, openai_routes
+from agentmem.server import agents_api, openai_routes, responses_api
 from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError, error_body, from_exception
 from agentmem.server.metrics import CONTENT_TYPE
+from agentmem.server.responses_store import ResponseStore
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["BodyLimit", "create_app"]
@@ -187,8 +188,10 @@ def create_app(
     app.state.engine = eng
     app.state.keys = keys
     app.state.settings = settings
+    app.state.responses = ResponseStore()  # POST /v1/responses keeps its responses here
     _install_handlers(app)
     app.include_router(openai_routes.router)
+    app.include_router(responses_api.router)
     app.include_router(agents_api.router)
 
     @app.get("/metrics")
