@@ -172,7 +172,7 @@ def _entry(eng: Engine) -> dict[str, Any]:
     st = path.stat()
     modified = datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
     return {"name": eng.model_name, "model": eng.model_name, "modified_at": modified, "size": st.st_size,
-            "digest": pool.fingerprint, "details": _details(eng)}
+            "digest": str(pool.fingerprint.get("model", "")), "details": _details(eng)}
 
 
 @router.get("/api/tags")
