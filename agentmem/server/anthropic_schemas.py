@@ -11,6 +11,8 @@ pool, the tool formats and the identity rules are the ones chat completions uses
   `tool_use` block an assistant `tool_calls` entry (its `input` the JSON arguments);
 * `image` and `document` blocks are refused (400 naming the block): the model reads text;
 * `thinking` / `redacted_thinking` blocks sent back are dropped (the model does not think);
+* `output_config.format` (`json_schema`) is decoded under the schema's grammar;
+* a forced `tool_choice` (`any`, `tool`) writes one call (see `_tool_choice`);
 * `metadata.user_id` is not an agent id: Anthropic documents it as the end user's id, and one
   user has many conversations; conversations are found by their history (`--anonymous lines`),
   or named with the `X-Agent-Id` header or the `agent_id` extension field.
@@ -80,6 +82,8 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: Annotated[list[str] | None, Json] = None
     stream: bool = False
     metadata: Metadata | None = None
+    output_config: Annotated[dict[str, Any] | None, Json] = None
+    """`{"format": {"type": "json_schema", "schema": {...}}}`: JSON of the schema (grammar-constrained); `effort` is ignored."""
 
 
 def _bad(field: str, message: str) -> ApiError:
@@ -169,23 +173,41 @@ def _turn(i: int, msg: MessageParam) -> list[dict[str, Any]]:
 
 
 def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
-    """OpenAI's `tool_choice` and `parallel_tool_calls` for Anthropic's `tool_choice`."""
+    """OpenAI's `tool_choice` and `parallel_tool_calls` for Anthropic's `tool_choice`.
+
+    Several calls in one reply are allowed only when the model chooses freely (`auto`, the
+    default) and `disable_parallel_tool_use` is not set: a forced choice (`any`, `tool`)
+    writes exactly one call, as with `disable_parallel_tool_use` — under a grammar that
+    allows more, a small model repeats the call until `max_tokens`.
+    """
     if choice is None:
         return None, True
     kind = choice.get("type")
-    parallel = choice.get("disable_parallel_tool_use", False)
-    if not isinstance(parallel, bool):
+    disabled = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(disabled, bool):
         raise _bad("tool_choice.disable_parallel_tool_use", "must be a boolean")
     if kind in ("auto", "none"):
-        return kind, not parallel
+        return kind, not disabled
     if kind == "any":
-        return "required", not parallel
+        return "required", False
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str) or not name:
             raise _bad("tool_choice.name", "must name one of the tools")
-        return {"type": "function", "function": {"name": name}}, not parallel
+        return {"type": "function", "function": {"name": name}}, False
     raise _bad("tool_choice.type", f"must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
+
+
+def _output_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`output_config.format` as OpenAI's `response_format`."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad("output_config.format.type", "must be 'json_schema'")
+    if not isinstance(fmt.get("schema"), dict):
+        raise _bad("output_config.format.schema", "must be a JSON schema object")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def _tools(tools: list[AnthropicTool] | None) -> list[dict[str, Any]] | None:
@@ -225,7 +247,8 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     }
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                    stop=req.stop_sequences or None, stream=req.stream)
+                    stop=req.stop_sequences or None, stream=req.stream,
+                    response_format=_output_format(req.output_config))
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None}, strict=False)
     except ValidationError as exc:

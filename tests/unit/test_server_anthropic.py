@@ -237,3 +237,33 @@ def test_x_api_key_is_accepted_and_a_wrong_key_is_an_anthropic_401(tiny_model_pa
             assert info.value.body["error"]["type"] == "authentication_error"
     finally:
         pool.close()
+
+
+def test_output_config_format_is_a_json_schema(client: Any) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    req = MessagesRequest.model_validate({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                                          "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    chat = to_chat_request(req)
+    assert chat.response_format is not None and chat.response_format.json_schema.schema_ == schema
+    r = client.messages.create(model="x", max_tokens=24, messages=[{"role": "user", "content": "ok?"}],
+                               output_config={"format": {"type": "json_schema", "schema": schema}},
+                               extra_headers={"X-Agent-Id": "a-json"})
+    if r.stop_reason == "end_turn":  # the grammar: a finished reply is JSON of the schema
+        assert isinstance(json.loads(r.content[0].text)["ok"], bool)
+    bad = MessagesRequest.model_validate({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                                          "output_config": {"format": {"type": "yaml"}}})
+    with pytest.raises(ApiError) as info:
+        to_chat_request(bad)
+    assert info.value.param == "output_config.format.type"
+
+
+def test_a_forced_choice_writes_one_call_and_auto_may_write_several() -> None:
+    """Regression: `{"type": "tool"}` with Anthropic's default (parallel calls allowed) let the 0.5B model
+    repeat `<tool_call>` blocks under the grammar until max_tokens, and the reply came back as text."""
+    def parallel(choice: dict[str, Any]) -> bool | None:
+        req = MessagesRequest.model_validate({"max_tokens": 4, "tools": [WEATHER], "tool_choice": choice,
+                                              "messages": [{"role": "user", "content": "hi"}]})
+        return to_chat_request(req).parallel_tool_calls
+
+    assert parallel({"type": "tool", "name": "get_weather"}) is False and parallel({"type": "any"}) is False
+    assert parallel({"type": "auto"}) is True and parallel({"type": "auto", "disable_parallel_tool_use": True}) is False
