@@ -43,8 +43,9 @@ def test_tool_round_trip_reads_the_first_turn_from_kept_kv(served: Any, client: 
     msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
                                            "content": "18 C, sunny"}]}]
+    # the same tools (they are part of the prompt), `none`: an answer in words, one decode
     second = client.messages.create(model=served.model, max_tokens=12, system=system, messages=msgs,
-                                    tools=[WEATHER])
+                                    tools=[WEATHER], tool_choice={"type": "none"})
     text = "".join(b.text for b in second.content if b.type == "text")
     first_prompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
     logger.info("anthropic: first %s; second %s %r; %.1f s", first.usage, second.usage, text, time.perf_counter() - t0)
