@@ -98,7 +98,7 @@ def _text_of(blocks: list[Any], field: str) -> str:
         if not isinstance(block, dict):
             raise _bad(where, "must be a content block object")
         kind = block.get("type")
-        if kind in _REFUSED:
+        if isinstance(kind, str) and kind in _REFUSED:
             raise _bad(f"{where}.type", f"{_REFUSED[kind]} are not supported (this model reads text)")
         if kind != "text":
             raise _bad(f"{where}.type", f"must be 'text', got {kind!r}")
@@ -148,6 +148,8 @@ def _turn(i: int, msg: MessageParam) -> list[dict[str, Any]]:
     for j, block in enumerate(msg.content):
         where = f"messages[{i}].content[{j}]"
         kind = block.get("type")
+        if not isinstance(kind, str):
+            raise _bad(f"{where}.type", f"must be a block type string, got {kind!r}")
         if kind == "text":
             if not isinstance(block.get("text"), str):
                 raise _bad(f"{where}.text", "must be a string")

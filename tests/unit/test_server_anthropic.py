@@ -267,3 +267,39 @@ def test_a_forced_choice_writes_one_call_and_auto_may_write_several() -> None:
 
     assert parallel({"type": "tool", "name": "get_weather"}) is False and parallel({"type": "any"}) is False
     assert parallel({"type": "auto"}) is True and parallel({"type": "auto", "disable_parallel_tool_use": True}) is False
+
+
+HOSTILE: list[Any] = [None, True, -1, 1e308, "", "\x00", [], {}, [None], [{}], {"type": []}, [{"type": ["text"]}]]
+PATHS = [("system",), ("messages",), ("messages", 0), ("messages", 0, "content"), ("messages", 0, "content", 0),
+         ("messages", 0, "content", 0, "type"), ("messages", 0, "content", 0, "text"), ("messages", 1, "content", 0, "input"),
+         ("messages", 1, "content", 0, "id"), ("messages", 2, "content", 0, "content"),
+         ("messages", 2, "content", 0, "tool_use_id"), ("messages", 2, "content", 0, "is_error"), ("tools",),
+         ("tools", 0, "input_schema"), ("tool_choice",), ("tool_choice", "type"), ("stop_sequences",), ("metadata",),
+         ("max_tokens",), ("output_config",), ("top_k",)]
+
+
+def _replaced(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = json.loads(json.dumps(body))
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def test_every_field_hostile_is_a_4xx_never_a_500(server: Any) -> None:
+    """Each of these fields replaced by each hostile value: an Anthropic-shaped 4xx (or a 200), never a 500."""
+    base = {"model": "x", "max_tokens": 1, "system": "s", "tools": [WEATHER], "tool_choice": {"type": "auto"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                            "input": {"city": "Paris"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}]}
+    seen = set()
+    for path in PATHS:
+        for value in HOSTILE:
+            r = _post(server, _replaced(base, path, value), **{"X-Agent-Id": "a-sweep"})
+            seen.add(r.status_code)
+            assert r.status_code < 500, (path, value, r.text)
+            if r.status_code >= 400:
+                assert r.json()["type"] == "error", (path, value, r.text)
+    assert 400 in seen and 200 in seen

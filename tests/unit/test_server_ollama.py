@@ -209,3 +209,34 @@ def test_keys_apply_to_the_ollama_routes(tiny_model_path: Any) -> None:
             assert httpx.get(f"{srv.base_url}/api/version").status_code == 200  # as in Ollama: no key
     finally:
         pool.close()
+
+
+HOSTILE: list[Any] = [None, True, -1, 1e308, "", "\x00", [], {}, [None], [{}], {"function": []}]
+PATHS = [("messages",), ("messages", 0), ("messages", 0, "content"), ("messages", 0, "role"), ("messages", 1, "tool_calls"),
+         ("messages", 1, "tool_calls", 0), ("messages", 1, "tool_calls", 0, "function"),
+         ("messages", 1, "tool_calls", 0, "function", "arguments"), ("messages", 2, "tool_name"), ("tools",),
+         ("tools", 0, "function"), ("format",), ("options",), ("options", "num_predict"), ("options", "stop"),
+         ("stream",), ("keep_alive",)]
+
+
+def test_every_field_hostile_is_a_4xx_never_a_500(server: Any) -> None:
+    """Each of these fields replaced by each hostile value: an `{"error": ...}` 4xx (or a 200), never a 500."""
+    base = {"model": "x", "stream": False, "options": {"num_predict": 1}, "tools": [WEATHER], "agent_id": "o-sweep",
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "", "tool_calls": [
+                             {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                         {"role": "tool", "content": "ok", "tool_name": "get_weather"}]}
+    seen = set()
+    for path in PATHS:
+        for value in HOSTILE:
+            body = json.loads(json.dumps(base))
+            node = body
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            r = _post(server, "/api/chat", body)
+            seen.add(r.status_code)
+            assert r.status_code < 500, (path, value, r.text)
+            if r.status_code >= 400:
+                assert set(r.json()) == {"error"}, (path, value, r.text)
+    assert 400 in seen and 200 in seen
