@@ -40,7 +40,8 @@ def new_id(prefix: str) -> str:
 
 def event(name: str, data: dict[str, Any]) -> bytes:
     """One SSE event with its name: `event: NAME` then `data: {json}`."""
-    return f"event: {name}\ndata: ".encode() + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return f"event: {name}\ndata: ".encode() + body + b"\n\n"
 
 
 def error_body(err: ApiError) -> dict[str, Any]:
@@ -106,7 +107,8 @@ class MessageStream:
         return [event("message_start", {"type": "message_start", "message": start})]
 
     def _open(self, block: dict[str, Any]) -> list[bytes]:
-        out = [event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})]
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        out = [event("content_block_start", start)]
         if self.index == 0:
             out.append(event("ping", {"type": "ping"}))
         return out

@@ -83,7 +83,8 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: Metadata | None = None
     output_config: Annotated[dict[str, Any] | None, Json] = None
-    """`{"format": {"type": "json_schema", "schema": {...}}}`: JSON of the schema (grammar-constrained); `effort` is ignored."""
+    """`{"format": {"type": "json_schema", "schema": {...}}}`: JSON of the schema (grammar-constrained);
+    `effort` is ignored."""
 
 
 def _bad(field: str, message: str) -> ApiError:

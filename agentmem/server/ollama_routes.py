@@ -31,7 +31,13 @@ from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
-from agentmem.server.ollama_schemas import ChatRequest, GenerateRequest, ShowRequest, to_chat_request, to_generate_request
+from agentmem.server.ollama_schemas import (
+    ChatRequest,
+    GenerateRequest,
+    ShowRequest,
+    to_chat_request,
+    to_generate_request,
+)
 from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import find_agent, respond
 from agentmem.server.wire_errors import shaped_route
@@ -69,8 +75,9 @@ def _counters(out: Outcome, t0: float) -> dict[str, Any]:
 
 
 def _calls(out: Outcome) -> list[dict[str, Any]]:
+    calls = out.reply.tool_calls
     return [{"function": {"index": i, "name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-            for i, c in enumerate(out.reply.tool_calls)]
+            for i, c in enumerate(calls)]
 
 
 def _message(content: str, out: Outcome | None = None) -> dict[str, Any]:
@@ -97,7 +104,9 @@ async def chat(req: ChatRequest, request: Request, who: Principal = Depends(prin
         kind_, value = event
         if kind_ == "text":
             assert isinstance(value, str)
-            return [_line({"model": model, "created_at": _now(), "message": _message(value), "done": False})] if value else []
+            if not value:
+                return []
+            return [_line({"model": model, "created_at": _now(), "message": _message(value), "done": False})]
         assert isinstance(value, Outcome)
         out = []
         if value.reply.tool_calls:

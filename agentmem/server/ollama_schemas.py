@@ -203,5 +203,6 @@ def to_generate_request(req: GenerateRequest) -> ChatCompletionRequest | Complet
         if req.format:
             raise _bad("format", "cannot be used with raw (send the prompt through the chat template)")
         return _validated(CompletionRequest, {"prompt": req.prompt, **sampling})
-    msgs = ([{"role": "system", "content": req.system}] if req.system else []) + [{"role": "user", "content": req.prompt}]
+    msgs = [{"role": "system", "content": req.system}] if req.system else []
+    msgs.append({"role": "user", "content": req.prompt})
     return _validated(ChatCompletionRequest, {"messages": msgs, "response_format": _format(req.format), **sampling})
