@@ -303,3 +303,26 @@ def test_every_field_hostile_is_a_4xx_never_a_500(server: Any) -> None:
             if r.status_code >= 400:
                 assert r.json()["type"] == "error", (path, value, r.text)
     assert 400 in seen and 200 in seen
+
+
+def test_stop_sequence_is_reported_with_the_one_that_matched(client: Any) -> None:
+    msgs = [{"role": "user", "content": "Write on."}]
+    free = client.messages.create(model="x", max_tokens=12, messages=msgs, extra_headers={"X-Agent-Id": "a-stop-1"})
+    text = free.content[0].text
+    stop = text[len(text) // 2:][:3]
+    if not stop.strip():
+        pytest.skip(f"the tiny model's text has no usable middle: {text!r}")
+    r = client.messages.create(model="x", max_tokens=12, messages=msgs, stop_sequences=["\x01never", stop],
+                               extra_headers={"X-Agent-Id": "a-stop-2"})
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop, (text, stop, r)
+    assert r.content[0].text == text[: text.index(stop)]
+
+
+def test_an_error_after_the_first_event_is_an_error_event() -> None:
+    from agentmem.server.anthropic_routes import _stream_error
+
+    (chunk,) = _stream_error(RuntimeError("boom"))
+    name, data = chunk.decode().strip().split("\n")
+    assert name == "event: error"
+    body = json.loads(data.removeprefix("data: "))
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
