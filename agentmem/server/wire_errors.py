@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from agentmem.server.http_errors import ApiError, from_exception
@@ -21,12 +22,17 @@ __all__ = ["as_api_error", "shaped_route"]
 
 
 def as_api_error(exc: Exception) -> ApiError:
-    """The `ApiError` the app's handlers would answer for `exc` (a bad body: 400 naming the field)."""
+    """The `ApiError` the app's handlers would answer for `exc` (a bad body: 400 naming the field).
+
+    A body FastAPI cannot read (bytes that are not UTF-8 JSON) is its `HTTPException` 400.
+    """
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         field = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
         return ApiError(400, f"{field or 'body'}: {first.get('msg', 'invalid request')}", code="invalid_request",
                         param=field)
+    if isinstance(exc, HTTPException):  # a body that is not JSON at all, as the app's handler answers it
+        return ApiError(exc.status_code, str(exc.detail), code="invalid_request" if exc.status_code == 400 else "http_error")
     return from_exception(exc)
 
 

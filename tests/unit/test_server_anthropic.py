@@ -326,3 +326,10 @@ def test_an_error_after_the_first_event_is_an_error_event() -> None:
     assert name == "event: error"
     body = json.loads(data.removeprefix("data: "))
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
+
+
+def test_a_body_that_is_not_json_is_a_400(server: Any) -> None:
+    """Regression (fuzz): bytes that are not UTF-8 JSON raised FastAPI's HTTPException, answered as a 500."""
+    for path in ("/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate", "/api/show"):
+        r = httpx.post(f"{server.base_url}{path}", content=b"\x80", headers={"content-type": "application/json"})
+        assert r.status_code == 400, (path, r.status_code, r.text)
