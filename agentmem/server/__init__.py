@@ -1,4 +1,4 @@
-"""`agentmem serve`: an OpenAI-compatible HTTP server where every agent keeps its KV memory.
+"""`agentmem serve`: an OpenAI-, Anthropic- and Ollama-compatible HTTP server where every agent keeps its KV memory.
 
 A thin adapter over one `MemoryPool` (llama.cpp `tools/server` keeps HTTP, the task
 queue and the model apart; so does this package):
@@ -19,6 +19,12 @@ queue and the model apart; so does this package):
 `responses_schemas.py` reads a Responses API request and turns it into a chat-completions request.
 `responses_store.py` keeps stored responses per tenant scope, LRU-bounded by count and bytes.
 `responses_api.py` serves the OpenAI Responses API (`/v1/responses`: create, streaming events, get, delete).
+`wire_errors.py` gives a router's errors another API's shape (Anthropic's, Ollama's).
+`anthropic_schemas.py` holds the Anthropic Messages bodies and translates them to the chat request.
+`anthropic_responses.py` builds Anthropic `message` bodies, stream events and error bodies.
+`anthropic_routes.py` serves `/v1/messages` and `/v1/messages/count_tokens`.
+`ollama_schemas.py` holds the Ollama bodies and translates them to the chat or completion request.
+`ollama_routes.py` serves `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`.
 `agents_api.py` serves `/agents` (list, show, park, forget, pin, budget, priority, handoff, recall, checkpoint).
 `app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.
 `cli.py` is `agentmem serve`: flags → settings, keys and pool config → uvicorn.

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
 from agentmem.pool import MemoryPool
-from agentmem.server import agents_api, openai_routes, responses_api
+from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
 from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
@@ -192,6 +192,8 @@ def create_app(
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(responses_api.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(ollama_routes.router)
     app.include_router(agents_api.router)
 
     @app.get("/metrics")

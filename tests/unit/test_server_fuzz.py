@@ -86,7 +86,10 @@ def fuzz_server(tiny_qwen2_path: Path, tmp_path_factory: pytest.TempPathFactory)
 OPERATIONS = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
               ("GET", "/agents"), ("POST", "/agents"), ("GET", "/agents/{agent_id}"), ("POST", "/agents/{agent_id}"),
               ("DELETE", "/agents/{agent_id}"), ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
-              ("DELETE", "/v1/responses/{response_id}"), ("GET", "/v1/responses/{response_id}/input_items")]
+              ("DELETE", "/v1/responses/{response_id}"), ("GET", "/v1/responses/{response_id}/input_items"),
+              ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+              ("POST", "/api/chat"), ("POST", "/api/generate"), ("GET", "/api/tags"), ("POST", "/api/show"),
+              ("GET", "/api/ps"), ("GET", "/api/version")]
 """The operations fuzzed (a test checks that the schema has no other one)."""
 
 
@@ -111,7 +114,8 @@ def test_every_operation_is_fuzzed(api_schema: Any) -> None:
 
 
 _BODIES = {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/agents"),
-           ("POST", "/agents/{agent_id}"), ("POST", "/v1/responses")}
+           ("POST", "/agents/{agent_id}"), ("POST", "/v1/responses"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+           ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/show")}
 CASES = ([(m, p, "positive") for m, p in OPERATIONS] + [(m, p, "negative") for m, p in OPERATIONS if (m, p) in _BODIES]
          + [(m, p, "hostile") for m, p in OPERATIONS if (m, p) in _BODIES])
 """Negative cases only where there is a body to break (any string is a valid path id); `hostile`:

@@ -1,0 +1,226 @@
+"""The Ollama API: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`.
+
+Requests are translated to the internal chat or completion request (`ollama_schemas`)
+and served like chat completions (`serving.respond`: the same agent resolution, pool,
+tool formats), then answered in Ollama's shapes: NDJSON chunks when streaming (the
+default, as in Ollama), one object otherwise, errors as `{"error": "..."}`.
+
+The counters are Ollama's: `prompt_eval_count` is the prompt tokens this call evaluated
+(as in Ollama, a prefix read from kept KV is not counted: the kept history shows as a
+small count), `eval_count` the generated tokens, durations in nanoseconds; the `agentmem`
+object adds the whole prompt's size and the tokens read from kept KV.
+
+The official client works with only the host changed:
+
+>>> import ollama  # doctest: +SKIP
+>>> client = ollama.Client(host="http://127.0.0.1:8000")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+import agentmem
+from agentmem.server.auth import Principal
+from agentmem.server.deps import engine, principal
+from agentmem.server.engine import Engine, Event, Outcome
+from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.ollama_schemas import (
+    ChatRequest,
+    GenerateRequest,
+    ShowRequest,
+    to_chat_request,
+    to_generate_request,
+)
+from agentmem.server.schemas import ChatCompletionRequest
+from agentmem.server.serving import find_agent, respond
+from agentmem.server.wire_errors import shaped_route
+
+__all__ = ["router"]
+
+NDJSON = "application/x-ndjson"
+
+router = APIRouter(route_class=shaped_route(lambda err: {"error": err.message}))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _line(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _stream_error(exc: Exception) -> list[bytes]:
+    """An error after the stream started: an `{"error": ...}` line (the client raises it)."""
+    return [_line({"error": from_exception(exc).message})]
+
+
+def _counters(out: Outcome, t0: float) -> dict[str, Any]:
+    """`done_reason`, Ollama's counters and durations (ns), and the `agentmem` object."""
+    u = out.usage()
+    cached = u["prompt_tokens_details"]["cached_tokens"]
+    t = out.results[0].timings
+    ext = {**out.extension(), "prompt_tokens": u["prompt_tokens"], "cached_tokens": cached}
+    return {"done": True, "done_reason": "length" if out.finish_reason == "length" else "stop",
+            "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": int(t.restore_s * 1e9),
+            "prompt_eval_count": u["prompt_tokens"] - cached, "prompt_eval_duration": int(t.prefill_s * 1e9),
+            "eval_count": u["completion_tokens"], "eval_duration": int(t.decode_s * 1e9), "agentmem": ext}
+
+
+def _calls(out: Outcome) -> list[dict[str, Any]]:
+    calls = out.reply.tool_calls
+    return [{"function": {"index": i, "name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+            for i, c in enumerate(calls)]
+
+
+def _message(content: str, out: Outcome | None = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if out is not None and out.reply.tool_calls:
+        msg["tool_calls"] = _calls(out)
+    return msg
+
+
+@router.post("/api/chat")
+async def chat(req: ChatRequest, request: Request, who: Principal = Depends(principal),
+               eng: Engine = Depends(engine)) -> Any:
+    """Ollama chat: NDJSON chunks (default) or one object; tools, `format`, `options`."""
+    t0 = time.perf_counter()
+    if not req.messages:  # Ollama answers an empty chat by loading the model
+        return {"model": eng.model_name, "created_at": _now(), "message": _message(""), "done": True,
+                "done_reason": "load"}
+    body = to_chat_request(req)
+    agent_id, line = await find_agent(eng, who, request, body)
+    kind = line.kind if line is not None else ""
+    model = eng.model_name
+
+    def render(event: Event) -> list[bytes]:
+        kind_, value = event
+        if kind_ == "text":
+            assert isinstance(value, str)
+            if not value:
+                return []
+            return [_line({"model": model, "created_at": _now(), "message": _message(value), "done": False})]
+        assert isinstance(value, Outcome)
+        out = []
+        if value.reply.tool_calls:
+            out.append(_line({"model": model, "created_at": _now(), "message": _message("", value), "done": False}))
+        out.append(_line({"model": model, "created_at": _now(), "message": _message(""), **_counters(value, t0)}))
+        return out
+
+    return await respond(
+        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, body, kind), req.stream,
+        reply=lambda o: {"model": model, "created_at": _now(), "message": _message(o.reply.content or "", o),
+                         **_counters(o, t0)},
+        render=render, head=[], line=line, done=[], error_chunk=_stream_error, media_type=NDJSON,
+    )
+
+
+@router.post("/api/generate")
+async def generate(req: GenerateRequest, request: Request, who: Principal = Depends(principal),
+                   eng: Engine = Depends(engine)) -> Any:
+    """Ollama generate: `prompt` (+ `system`) through the chat template, or `raw`."""
+    t0 = time.perf_counter()
+    model = eng.model_name
+    if not req.prompt:  # Ollama answers an empty prompt by loading the model
+        return {"model": model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+    body = to_generate_request(req)
+    agent_id, line = await find_agent(eng, who, request, body)
+    kind = line.kind if line is not None else ""
+
+    def prepare() -> Any:
+        if isinstance(body, ChatCompletionRequest):
+            return eng.prepare_chat(agent_id, body, kind)
+        return eng.prepare_completion(agent_id, body, kind)
+
+    def render(event: Event) -> list[bytes]:
+        kind_, value = event
+        if kind_ == "text":
+            return [_line({"model": model, "created_at": _now(), "response": value, "done": False})] if value else []
+        assert isinstance(value, Outcome)
+        return [_line({"model": model, "created_at": _now(), "response": "", **_counters(value, t0)})]
+
+    return await respond(
+        eng, who, agent_id, request, prepare, req.stream,
+        reply=lambda o: {"model": model, "created_at": _now(), "response": o.reply.content or "", **_counters(o, t0)},
+        render=render, head=[], line=line, done=[], error_chunk=_stream_error, media_type=NDJSON,
+    )
+
+
+def _pool_model(eng: Engine) -> Any:
+    pool = eng.pool
+    if pool is None or pool.closed or not eng.ready:
+        raise ApiError(503, "the model is not loaded", code="unavailable")
+    return pool
+
+
+def _details(eng: Engine) -> dict[str, Any]:
+    """Ollama's `details` from the GGUF's metadata."""
+    model = _pool_model(eng).model
+    arch = model.meta("general.architecture") or ""
+    words = model.description().split(" ", 2)  # e.g. "qwen2 1B Q4_K - Medium"
+    quant = words[2] if len(words) == 3 else ""
+    if " - " in quant:  # llama.cpp's "Q4_K - Medium" is Ollama's "Q4_K_M"
+        head, _, size = quant.partition(" - ")
+        quant = f"{head}_{size[:1].upper()}"
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": model.meta("general.size_label") or (words[1] if len(words) > 1 else ""),
+            "quantization_level": quant}
+
+
+def _entry(eng: Engine) -> dict[str, Any]:
+    """The one model as `/api/tags` lists it (`digest`: agentmem's model fingerprint, not a blob hash)."""
+    pool = _pool_model(eng)
+    path = Path(pool.model_path)
+    st = path.stat()
+    modified = datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"name": eng.model_name, "model": eng.model_name, "modified_at": modified, "size": st.st_size,
+            "digest": str(pool.fingerprint.get("model", "")), "details": _details(eng)}
+
+
+@router.get("/api/tags")
+async def tags(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
+    """The one model this server runs."""
+    del who
+    return {"models": [_entry(eng)]}
+
+
+@router.get("/api/ps")
+async def ps(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
+    """The loaded model (always the one: it stays loaded while the server runs)."""
+    del who
+    entry = _entry(eng)
+    pool = _pool_model(eng)
+    return {"models": [{**{k: entry[k] for k in ("name", "model", "size", "digest", "details")},
+                        "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0, "context_length": pool.ctx.n_ctx}]}
+
+
+@router.post("/api/show")
+async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
+    """The model's details, chat template, GGUF metadata and capabilities (any model name: there is one)."""
+    del who, req
+    pool = _pool_model(eng)
+    model = pool.model
+    arch = model.meta("general.architecture") or ""
+    info: dict[str, Any] = {"general.architecture": arch}
+    for key in ("general.name", "general.basename", "general.size_label", f"{arch}.context_length",
+                f"{arch}.embedding_length", f"{arch}.block_count"):
+        value = model.meta(key)
+        if value is not None:
+            info[key] = int(value) if value.isdigit() else value
+    caps = ["completion", "tools"]
+    entry = _entry(eng)
+    return {"modelfile": "", "parameters": "", "template": model.chat_template() or "", "details": entry["details"],
+            "model_info": info, "capabilities": caps, "modified_at": entry["modified_at"]}
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    """agentmem's version (no key needed, as in Ollama)."""
+    return {"version": agentmem.__version__}
