@@ -214,10 +214,14 @@ def response_schema(fmt: Any) -> dict[str, Any] | None:
 
 
 def call_contents(calls: Sequence[tuple[str, Any]], before: str = "") -> list[Content]:
-    """Parsed tool calls `(name, arguments)` (and the text the model wrote before them) as MAF contents."""
+    """Parsed tool calls `(name, arguments)` (and the text the model wrote before them) as MAF contents.
+
+    Arguments a call did not decode (`None`) become `{}`: MAF's function loop then reports
+    the missing ones to the model as the tool's error.
+    """
     out: list[Content] = [Content.from_text(before)] if before.strip() else []
     for name, args in calls:
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        text = args if isinstance(args, str) else json.dumps({} if args is None else args, ensure_ascii=False)
         out.append(Content.from_function_call(new_call_id(), name, arguments=text))
     return out
 
