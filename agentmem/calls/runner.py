@@ -5,7 +5,8 @@ The two drivers answer the same steps: `Generate` opens the pool stream
 gate, `HoldsKV` compares the agent's KV with the next prompt. The synchronous driver runs
 them in the calling thread; the asynchronous one in worker threads through the one bridge
 (`agentmem.pool.bridge`). Both hold the agent's turn (`AgentTurns`) for the whole call.
-Events are `("text", piece)` as a caller may show them, then `("done", CallOutcome)`.
+Events are `("text", piece)` as a caller may show them, then `("done", CallOutcome)`; the
+text held back to the end (`CallOutcome.rest`) is the front-end's to show with its last event.
 """
 
 from __future__ import annotations
@@ -96,8 +97,6 @@ class CallRunner:
                         if shown:
                             yield ("text", shown)
                 answer = self._finished(step.plan, stream.result)
-        if outcome.rest:
-            yield ("text", outcome.rest)
         yield ("done", outcome)
 
     def collect(self, plan: CallPlan) -> CallOutcome:
@@ -131,8 +130,6 @@ class CallRunner:
                         elif item:
                             yield ("text", item)
                 answer = self._finished(step.plan, result)
-        if outcome.rest:
-            yield ("text", outcome.rest)
         yield ("done", outcome)
 
     async def _astream(self, step: Generate) -> AsyncIterator[str | ChatResult]:
