@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from agentmem.calls.plan import CallPlan
 from agentmem.calls.reply import Reply
+from agentmem.tools import ToolFormat, opens_tool_call
 from agentmem.tools.parse import CallGate
 
 __all__ = ["StreamGate"]
+
+
+class _LenientOpening:
+    """`opens_call` for a lenient plan: the format's opening, else any JSON object or code fence may be a call."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+
+    def opens_call(self, lead: str) -> bool | None:
+        if self.fmt.native:
+            native = self.fmt.opens_call(lead)
+            if native is not False:
+                return native
+        return opens_tool_call(lead, lenient=True)
 
 
 class StreamGate(CallGate):
@@ -15,11 +30,13 @@ class StreamGate(CallGate):
     Text replies stream as they come (a JSON reply starts with its forced prefix). A
     forced call, or a reply that may be a call or a document (`either`), is held to the
     end, where it goes out as calls. In `auto` mode the start of a reply is held while it
-    could still be a call (`ToolFormat.opens_call` of the plan's format).
+    could still be a call (`ToolFormat.opens_call` of the plan's format; for a `lenient`
+    plan, which reads calls anywhere, also any JSON object or code fence).
     """
 
     def __init__(self, plan: CallPlan) -> None:
-        super().__init__(plan.fmt, "tools" if plan.mode == "either" else plan.mode)
+        opens = _LenientOpening(plan.fmt) if plan.lenient else plan.fmt
+        super().__init__(opens, "tools" if plan.mode == "either" else plan.mode)
         self.opening = plan.prefix if plan.mode == "json" else ""
 
     def push(self, piece: str) -> str:
