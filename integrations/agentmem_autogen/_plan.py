@@ -148,11 +148,14 @@ def plan_call(
     if allowed:
         base.mode, base.forced = "auto", lambda: forced_plan(base, *fmt.continuation(schemas, parallel=parallel))
         return base.with_sampling(grammar=user_grammar) if user_grammar is not None else base
-    if tools_kw:  # shown, not to be called: a reply that opens like a call stays as written
+    return _reply_plan(base, json_grammar or user_grammar, speaker_selection)
+
+
+def _reply_plan(base: CallPlan, grammar: str | None, speaker_selection: bool) -> CallPlan:
+    """A reply that calls no tool: under `grammar`, else, for a selection prompt, one of its candidate names."""
+    if base.tools:  # shown, not to be called: a reply that opens like a call stays as written
         base.sampling["canonical_calls"] = False
-    if json_grammar is None and user_grammar is None and speaker_selection:
-        candidates = candidate_names(conv)
-        if candidates:
-            user_grammar = choice_grammar(candidates)
-    grammar = json_grammar or user_grammar
+    if grammar is None and speaker_selection:
+        candidates = candidate_names(base.messages or [])
+        grammar = choice_grammar(candidates) if candidates else None
     return base.with_sampling(grammar=grammar) if grammar is not None else base
