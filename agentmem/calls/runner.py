@@ -24,7 +24,7 @@ from agentmem.calls.turns import AgentTurns, turns_for
 from agentmem.pool import ChatResult, ChatStream, MemoryPool
 from agentmem.pool.bridge import Workers, call_in_thread, drive_async
 
-__all__ = ["CallEvent", "CallRunner"]
+__all__ = ["CallEvent", "CallRunner", "until_done"]
 
 CallEvent = Union[tuple[Literal["text"], str], tuple[Literal["done"], CallOutcome]]
 
@@ -81,12 +81,7 @@ class CallRunner:
         with self.turns.hold(plan.agent_id) if hold else contextlib.nullcontext():
             steps = call_steps(plan, self.strategy)
             answer: Any = None
-            while True:
-                try:
-                    step: Step = steps.send(answer)
-                except StopIteration as stop:
-                    outcome: CallOutcome = stop.value
-                    break
+            while not isinstance(step := _advance(steps, answer), CallOutcome):
                 if isinstance(step, HoldsKV):
                     answer = self.kv_holds(step.plan, step.reply)
                     continue
@@ -97,7 +92,7 @@ class CallRunner:
                         if shown:
                             yield ("text", shown)
                 answer = self._finished(step.plan, stream.result)
-        yield ("done", outcome)
+        yield ("done", step)
 
     def collect(self, plan: CallPlan) -> CallOutcome:
         """Run `plan` to its end in this thread."""
@@ -113,12 +108,7 @@ class CallRunner:
         async with self.turns.ahold(plan.agent_id) if hold else contextlib.nullcontext():
             steps: Steps = call_steps(plan, self.strategy)
             answer: Any = None
-            while True:
-                try:
-                    step: Step = steps.send(answer)
-                except StopIteration as stop:
-                    outcome: CallOutcome = stop.value
-                    break
+            while not isinstance(step := _advance(steps, answer), CallOutcome):
                 if isinstance(step, HoldsKV):
                     answer = await call_in_thread(self.kv_holds, step.plan, step.reply, workers=self.workers)
                     continue
@@ -130,7 +120,7 @@ class CallRunner:
                         elif item:
                             yield ("text", item)
                 answer = self._finished(step.plan, result)
-        yield ("done", outcome)
+        yield ("done", step)
 
     async def _astream(self, step: Generate) -> AsyncIterator[str | ChatResult]:
         """The pool stream of a `Generate` step, its pieces already through the gate."""
@@ -143,12 +133,15 @@ class CallRunner:
 
     async def acollect(self, plan: CallPlan) -> CallOutcome:
         """Run `plan` to its end from a coroutine."""
-        async with contextlib.aclosing(self.arun(plan)) as events:
-            async for kind, value in events:
-                if kind == "done":
-                    assert isinstance(value, CallOutcome)
-                    return value
-        raise AssertionError("a call ends with its outcome")
+        return await until_done(self.arun(plan))
+
+
+def _advance(steps: Steps, answer: Any) -> Step | CallOutcome:
+    """The protocol's next step after `answer`, or its outcome when it is done."""
+    try:
+        return steps.send(answer)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def _last(events: Iterator[CallEvent]) -> CallOutcome:
@@ -156,4 +149,13 @@ def _last(events: Iterator[CallEvent]) -> CallOutcome:
         if kind == "done":
             assert isinstance(value, CallOutcome)
             return value
+    raise AssertionError("a call ends with its outcome")
+
+
+async def until_done(events: AsyncIterator[tuple[str, Any]]) -> Any:
+    """The value of the `("done", value)` event that ends `events` (the iterator is closed)."""
+    async with contextlib.aclosing(events) as items:  # type: ignore[type-var]
+        async for kind, value in items:
+            if kind == "done":
+                return value
     raise AssertionError("a call ends with its outcome")

@@ -69,7 +69,7 @@ def get_strategy(name: str) -> DecodeStrategy:
     Raises:
         ConfigError: no such strategy (the message lists the registered ones).
     """
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ConfigError(f"unknown decode strategy {name!r}; valid: {sorted(STRATEGIES)}") from None
+    strategy = STRATEGIES.get(name)
+    if strategy is None:
+        raise ConfigError(f"unknown decode strategy {name!r}; valid: {sorted(STRATEGIES)}")
+    return strategy

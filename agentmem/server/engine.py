@@ -22,6 +22,7 @@ from agentmem import validation as check
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, UnknownAgentError
 from agentmem.calls import CallOutcome, CallRunner
+from agentmem.calls.runner import until_done
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
 from agentmem.server.auth import Principal
@@ -301,12 +302,9 @@ class Engine:
 
     async def collect(self, call: PoolCall) -> Outcome:
         """Run `call` to its end (a non-streaming request)."""
-        async with contextlib.aclosing(self.run(call)) as events:
-            async for kind, value in events:
-                if kind == "done":
-                    assert isinstance(value, Outcome)
-                    return value
-        raise AssertionError("a call ends with its outcome")
+        outcome = await until_done(self.run(call))
+        assert isinstance(outcome, Outcome)
+        return outcome
 
     # ------------------------------------------------------------------ agents
     async def _do(self, fn: Any, *args: Any) -> Any:

@@ -9,7 +9,6 @@ the finish reason and the usage of every generation.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
@@ -18,8 +17,9 @@ from autogen_core.models import CreateResult, FinishReasons, RequestUsage
 
 from agentmem import ChatResult, MemoryPool
 from agentmem.calls import CallOutcome, CallRunner
-from agentmem.tools import new_call_id, text_before_json
+from agentmem.tools import text_before_json
 
+from ._messages import function_calls
 from ._plan import _Plan
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,7 @@ def create_result(outcome: CallOutcome) -> CreateResult:
     thought = None
     finish: FinishReasons = "length" if first.finish_reason == "length" else "stop"
     if reply.is_call:
-        content = [FunctionCall(id=new_call_id(), name=c.name or "", arguments=json.dumps(c.arguments, ensure_ascii=False))
-                   for c in reply.calls]
+        content = function_calls(reply.calls)
         thought, finish = _thought(outcome), "function_calls"
     elif plan.mode == "tools":
         logger.warning("agent %r: forced tool call did not complete (finish=%s, %d tokens): %r",

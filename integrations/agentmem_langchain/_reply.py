@@ -10,7 +10,8 @@ from langchain_core.messages import InvalidToolCall, ToolCall
 from agentmem.calls import CallOutcome, CallPlan, StreamGate
 from agentmem.calls import Reply as CoreReply
 from agentmem.calls import read_reply
-from agentmem.tools import ParsedCall, new_call_id
+
+from ._tools import as_invalid_tool_call, as_tool_call
 
 _Holder = StreamGate
 """Which streamed text may be shown now (`agentmem.calls.StreamGate`)."""
@@ -29,22 +30,14 @@ class _Reply:
         return bool(self.tool_calls or self.invalid_tool_calls)
 
 
-def _tool_call(c: ParsedCall) -> ToolCall:
-    return ToolCall(type="tool_call", name=c.name or "", args=c.arguments or {}, id=new_call_id())
-
-
-def _invalid(c: ParsedCall) -> InvalidToolCall:
-    return InvalidToolCall(type="invalid_tool_call", name=c.name, args=c.raw, id=new_call_id(), error=c.error)
-
-
 def as_langchain(plan: CallPlan, reply: CoreReply) -> _Reply:
     """`reply` in LangChain's terms: a forced call that did not parse is an `InvalidToolCall`, not text."""
     if reply.retry:
         return _Reply(retry=True)
     if reply.is_call:
-        return _Reply(content=reply.content or "", tool_calls=[_tool_call(c) for c in reply.calls])
+        return _Reply(content=reply.content or "", tool_calls=[as_tool_call(c) for c in reply.calls])
     if reply.calls or reply.invalid:
-        return _Reply(tool_calls=[_tool_call(c) for c in reply.calls], invalid_tool_calls=[_invalid(c) for c in reply.invalid])
+        return _Reply(tool_calls=[as_tool_call(c) for c in reply.calls], invalid_tool_calls=[as_invalid_tool_call(c) for c in reply.invalid])
     if plan.mode == "tools":  # cannot happen under the grammar, unless cut by a stop string
         return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=reply.text, id=None,
                                                           error="no tool-call JSON in the reply")])
