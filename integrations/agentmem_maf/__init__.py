@@ -12,8 +12,9 @@ instead of prefilling its whole history again.
 
 * `_client.py`: `AgentMemChatClient`, what MAF sees (options, streaming and not, usage
   with the reused KV as cached tokens, `close`), and `clients_for`.
-* `_protocol.py`: the tool-call protocol of one call on the pool (plan → run → read →
-  retry → write back), in agentmem's own types; the one module to swap for the core's.
+* `_plan.py`: one call's MAF options → the core protocol's `agentmem.calls.CallPlan`
+  (which `agentmem.calls.CallRunner` runs: free attempt, forced retry, reading calls,
+  holding streamed text back, writing a call back into the KV).
 * `_messages.py`: MAF messages, tools, `tool_choice`, `response_format` and usage ↔
   agentmem's messages, tool schemas and counts.
 * `_identity.py`: whose KV a call uses (the client's `agent_id`, its agent's name, the

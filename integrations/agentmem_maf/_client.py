@@ -26,21 +26,19 @@ from agent_framework.observability import ChatTelemetryLayer
 
 import agentmem.validation as check
 from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig
+from agentmem.calls import CallOutcome, CallPlan, CallRunner
 from agentmem.tools import acquire, register, release
 
 from ._identity import resolve_agent_id, session_of
 from ._memory import pin_facts
 from ._messages import call_contents, response_schema, to_agentmem_messages, tool_choice, tool_schemas, usage_details
-from ._protocol import Plan, Reply, plan_call, run_call
+from ._plan import SAMPLING, plan_options
 
 __all__ = ["AgentMemChatClient"]
 
 logger = logging.getLogger(__name__)
 
 _AGENT_KEY = "_agentmem_agent_id"  # the resolved agent id, carried from get_response to _inner_get_response
-_SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty",
-             "repeat_last_n", "grammar"}
-"""Options passed to the pool as they are (`top_k` … `grammar` are agentmem's own)."""
 _PLANNED = {"tools", "tool_choice", "response_format", "instructions", "allow_multiple_tool_calls"}
 _IGNORED = {"model", "store", "conversation_id", "metadata", "user", "logit_bias", "frequency_penalty",
             "presence_penalty"}
@@ -84,7 +82,12 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     back for the next call. `tool_choice="required"` (or a named function) constrains the
     reply to a valid call by a grammar; with `"auto"` a malformed call attempt is redone
     under the grammar. The call is kept in the KV in the form the template writes it back,
-    so the call after the tool result reuses the whole turn.
+    so the call after the tool result reuses the whole turn. A small model may call a tool
+    again and again: `function_invocation_configuration={"max_function_calls": 1}` makes
+    MAF send the call after the result with `tool_choice="none"` (the tools stay shown, so
+    the prompt prefix and its KV do not change), and the model answers. All of this is
+    agentmem's one call protocol (`agentmem.calls`), the same for the server, LangChain
+    and AutoGen; this client only translates MAF's types.
 
     Structured output: `options={"response_format": SomeModel}` constrains the reply to
     the model's JSON schema (`response.value` is the parsed model); a JSON schema mapping
@@ -147,6 +150,7 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         self._parallel = bool(parallel_tool_calls)
         self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False
+        self._runner = CallRunner(self._pool, on_result=self._record)
         self.last_result: ChatResult | None = None
 
     @property
@@ -211,13 +215,13 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         return self._respond(agent, messages, options)
 
     # ------------------------------------------------------------------ the call
-    async def _plan(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> Plan:
-        """The `Plan` of one call: this client's defaults, the call's options, the agent's tools."""
+    async def _plan(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> CallPlan:
+        """The `CallPlan` of one call: this client's defaults, the call's options, the agent's tools."""
         if self._closed:
             raise RuntimeError("this AgentMemChatClient is closed")
         opts = await self._validate_options(options)
-        sampling = {**self._defaults, **{k: v for k, v in opts.items() if k in _SAMPLING and v is not None}}
-        unknown = sorted(set(opts) - _SAMPLING - _PLANNED - _IGNORED)
+        sampling = {**self._defaults, **{k: v for k, v in opts.items() if k in SAMPLING and v is not None}}
+        unknown = sorted(set(opts) - SAMPLING - _PLANNED - _IGNORED)
         if unknown:
             logger.debug("agent %r: options %s have no meaning for agentmem; ignored", agent, unknown)
         conv = to_agentmem_messages(messages, opts.get("instructions"))
@@ -226,54 +230,59 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
             self._agent_tools[agent] = schemas
         mode, forced = tool_choice(opts.get("tool_choice"), [s["name"] for s in schemas])
         parallel = opts.get("allow_multiple_tool_calls")
-        return plan_call(
-            agent, conv, sampling, schemas if mode != "none" else [],
-            schemas or self._agent_tools.get(agent, []),  # keep the prompt (and its KV prefix) stable
-            self._pool.tool_format,
+        return plan_options(
+            agent, conv, sampling, self._pool.tool_format,
+            schemas=schemas, shown=schemas or self._agent_tools.get(agent, []),
             mode=mode, forced_name=forced, schema=response_schema(opts.get("response_format")),
             parallel=self._parallel if parallel is None else bool(parallel),
         )
 
-    async def _run(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any],
-                   stream: bool) -> AsyncIterator[str | Reply]:
+    async def _run(self, agent: str, messages: Sequence[Message],
+                   options: Mapping[str, Any]) -> AsyncIterator[str | CallOutcome]:
+        """Text pieces a caller may show, then the `CallOutcome` (the core protocol, `agentmem.calls`)."""
         plan = await self._plan(agent, messages, options)
-        async for item in run_call(self._pool, plan, stream=stream):
-            if isinstance(item, Reply):
-                self.last_result = item.results[-1]
-                await pin_facts(self._pool, agent, plan.messages)
-            yield item
+        async for kind, value in self._runner.arun(plan):
+            if kind == "done":
+                assert isinstance(value, CallOutcome)
+                await pin_facts(self._pool, agent, value.plan.messages or [])
+            yield value
+
+    def _record(self, plan: CallPlan, result: ChatResult) -> None:
+        self.last_result = result
 
     async def _respond(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
-        reply: Reply | None = None
-        async for item in self._run(agent, messages, options, stream=False):
-            if isinstance(item, Reply):
-                reply = item
-        assert reply is not None
+        outcome: CallOutcome | None = None
+        async for item in self._run(agent, messages, options):
+            if isinstance(item, CallOutcome):
+                outcome = item
+        assert outcome is not None
         return ChatResponse(
-            messages=[Message("assistant", _contents(reply))],
+            messages=[Message("assistant", _contents(outcome))],
             model=self.model_name,
-            finish_reason=reply.finish,  # type: ignore[arg-type]
-            usage_details=usage_details(reply.results),
+            finish_reason=outcome.finish_reason,  # type: ignore[arg-type]
+            usage_details=usage_details(outcome.all_results),
             response_format=options.get("response_format"),
         )
 
     async def _stream(self, agent: str, messages: Sequence[Message],
                       options: Mapping[str, Any]) -> AsyncIterator[ChatResponseUpdate]:
-        async for item in self._run(agent, messages, options, stream=True):
+        async for item in self._run(agent, messages, options):
             if isinstance(item, str):
-                if item:
-                    yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
+                yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
                 continue
-            contents = call_contents(item.calls, item.text) if item.calls else []
+            contents = _contents(item) if item.reply.is_call else (
+                [Content.from_text(item.rest)] if item.rest else [])
             yield ChatResponseUpdate(
                 role="assistant",
-                contents=[*contents, Content.from_usage(usage_details(item.results))],
+                contents=[*contents, Content.from_usage(usage_details(item.all_results))],
                 model=self.model_name,
-                finish_reason=item.finish,  # type: ignore[arg-type]
+                finish_reason=item.finish_reason,  # type: ignore[arg-type]
             )
 
 
-def _contents(reply: Reply) -> list[Content]:
-    if reply.calls:
-        return call_contents(reply.calls, reply.text)
-    return [Content.from_text(reply.text)]
+def _contents(outcome: CallOutcome) -> list[Content]:
+    """The reply as MAF contents: its calls (and the text before them), or its text."""
+    reply = outcome.reply
+    if reply.is_call:
+        return call_contents([(c.name or "", c.arguments) for c in reply.calls], reply.content or "")
+    return [Content.from_text(reply.content if reply.content is not None else reply.text)]

@@ -23,7 +23,7 @@ from pydantic import BaseModel  # noqa: E402
 
 import agentmem_maf  # noqa: E402
 from agentmem import ChatResult, MemoryPool, PoolConfig  # noqa: E402
-from agentmem.pool.results import Timings, Usage  # noqa: E402
+from agentmem.pool.results import ChatStream, Timings, Usage  # noqa: E402
 from agentmem.tools import get_tool_format  # noqa: E402
 from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER  # noqa: E402
 from agentmem_maf import AgentMemChatClient, AgentMemContextProvider, clients_for  # noqa: E402
@@ -76,13 +76,18 @@ class ScriptedPool(MemoryPool):
     def tool_format(self):  # type: ignore[override]
         return get_tool_format("hermes")
 
-    async def achat_stream(self, agent_id: str, messages: Any, **kw: Any):  # type: ignore[override]
+    kv_matches = True  # whether the KV holds a call as the template writes it back (no write-back)
+
+    @property
+    def renderer(self):  # type: ignore[override]
+        return _Renderer(self)
+
+    def chat_stream(self, agent_id: str, messages: Any, **kw: Any) -> ChatStream:  # type: ignore[override]
         self.calls.append({"agent": agent_id, "messages": list(messages), **kw})
-        text = self.replies.pop(0) if self.replies else "done"
-        for i in range(0, len(text), 5):
-            yield text[i : i + 5]
-        yield ChatResult(agent_id, text, "stop", Usage(prompt_tokens=40, cached_tokens=self.cached,
-                                                       completion_tokens=len(text)), Timings(), "reused")
+        text = self.replies.pop(0) if self.replies and kw.get("max_tokens") != 0 else ("done" if kw.get("max_tokens") else "")
+        result = ChatResult(agent_id, text, "stop", Usage(prompt_tokens=40, cached_tokens=self.cached,
+                                                          completion_tokens=len(text)), Timings(), "reused")
+        return ChatStream((x for x in [*(text[i : i + 5] for i in range(0, len(text), 5)), result]))
 
     def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:  # type: ignore[override]
         self.pins.append((agent_id, message_index, pinned))
@@ -93,6 +98,16 @@ class ScriptedPool(MemoryPool):
 
     def history_tokens(self, agent_id: str) -> list[int]:  # type: ignore[override]
         return [ord(c) for c in self.history]
+
+
+class _Renderer:
+    def __init__(self, pool: ScriptedPool) -> None:
+        self.pool = pool
+
+    def render(self, messages: Any, tools: Any = None) -> Any:
+        class _Prompt:
+            tokens = [] if self.pool.kv_matches else [-1]
+        return _Prompt()
 
 
 def run(coro):
@@ -117,7 +132,7 @@ def test_the_function_loop_runs_a_tool_round_trip_through_the_client():
 
 
 def test_a_required_call_is_forced_by_its_opening_and_grammar():
-    pool = ScriptedPool([' {"order_id": 17}}\n</tool_call>', "It weighs 25.5 kg."])
+    pool = ScriptedPool([' 17}}\n</tool_call>', "It weighs 25.5 kg."])  # the rest after the forced opening
     client = AgentMemChatClient(pool, agent_id="clerk")
     r = run(client.get_response([Message("user", ["weigh 17"])],
                                 options={"tools": [order_weight], "tool_choice": "required"}))
@@ -131,11 +146,12 @@ def test_a_required_call_is_forced_by_its_opening_and_grammar():
 
 
 def test_a_call_written_in_another_shape_is_written_back_in_the_templates():
-    pool = ScriptedPool(['{"order_id": 17}}\n</tool_call>'])  # no space after the opening's colon
+    pool = ScriptedPool([' 17}}\n</tool_call>'])
+    pool.kv_matches = False  # the KV holds the reply in another shape than the next prompt renders it
     client = AgentMemChatClient(pool, agent_id="clerk", function_invocation_configuration={"enabled": False})
     run(client.get_response([Message("user", ["weigh 17"])], options={"tools": [order_weight], "tool_choice": "required"}))
     _, back = pool.calls
-    assert back["max_tokens"] == 0 and back["opening"] == CALL  # prefill only, in the template's form
+    assert back["max_tokens"] == 0 and back["messages"][-1] == {"role": "assistant", "content": CALL}  # prefill only
 
 
 def test_at_the_function_call_limit_the_tools_stay_shown_but_not_callable():
@@ -182,7 +198,7 @@ def test_a_streamed_tool_call_is_held_back_and_arrives_as_a_call():
 
 
 def test_structured_output_is_constrained_to_the_schema_and_parsed():
-    pool = ScriptedPool(['{"ok": true, "reason": "fits"}'])
+    pool = ScriptedPool([' true, "reason": "fits"}'])  # the grammar's forced start '{"ok":' is in the prompt
     client = AgentMemChatClient(pool, agent_id="judge")
     r = run(client.get_response([Message("user", ["judge it"])], options={"response_format": Verdict}))
     assert "ok" in pool.calls[0]["grammar"] and r.value == Verdict(ok=True, reason="fits")
