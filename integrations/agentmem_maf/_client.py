@@ -224,7 +224,7 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         unknown = sorted(set(opts) - SAMPLING - _PLANNED - _IGNORED)
         if unknown:
             logger.debug("agent %r: options %s have no meaning for agentmem; ignored", agent, unknown)
-        conv = to_agentmem_messages(messages, opts.get("instructions"))
+        conv = to_agentmem_messages(messages, opts.get("instructions"), speaker=self._agent_name or self._agent_id)
         schemas = tool_schemas(opts.get("tools"))
         if schemas:
             self._agent_tools[agent] = schemas

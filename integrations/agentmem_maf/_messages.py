@@ -56,11 +56,32 @@ def _result_text(c: Content) -> str:
     return "" if c.result is None else json.dumps(c.result, ensure_ascii=False, default=str)
 
 
-def _one_message(m: Message, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+def _foreign(m: Message, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    """Another agent's assistant or tool message, as what that agent said (a named user message)."""
+    lines: list[str] = []
+    for j, c in enumerate(m.contents):
+        if c.type == "text" and c.text:
+            lines.append(c.text)
+        elif c.type == "function_call":
+            if c.call_id:
+                names[c.call_id] = c.name or ""
+            args = c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments or {}, ensure_ascii=False)
+            lines.append(f"(called {c.name}({args}))")
+        elif c.type == "function_result":
+            lines.append(f"({names.get(c.call_id or '', 'the tool')} returned: {_result_text(c)})")
+        elif c.type not in _SKIPPED:
+            raise MessageError(f"{where}.contents[{j}]: content type {c.type!r} is not supported by this text-only client")
+    text = "\n".join(lines)
+    return [{"role": "user", "content": text, "name": m.author_name}] if text else []
+
+
+def _one_message(m: Message, where: str, names: dict[str, str], speaker: str | None) -> list[dict[str, Any]]:
     """One MAF message as agentmem dicts (`names`: call id → function name, filled from calls)."""
     role = str(m.role)
     if role not in _ROLES:
         raise MessageError(f"{where}.role: {role!r} is not one of {', '.join(sorted(_ROLES))}")
+    if speaker is not None and role in ("assistant", "tool") and m.author_name not in (None, "", speaker):
+        return _foreign(m, where, names)
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -95,7 +116,9 @@ def _one_message(m: Message, where: str, names: dict[str, str]) -> list[dict[str
     return [d]
 
 
-def to_agentmem_messages(messages: Sequence[Message], instructions: Any = None) -> list[dict[str, Any]]:
+def to_agentmem_messages(
+    messages: Sequence[Message], instructions: Any = None, *, speaker: str | None = None
+) -> list[dict[str, Any]]:
     """MAF messages (after the call's `instructions`, a system message) → agentmem message dicts.
 
     A user message's `author_name` becomes its `name` (rendered `"name: text"`), so a
@@ -103,6 +126,11 @@ def to_agentmem_messages(messages: Sequence[Message], instructions: Any = None) 
     `function_call`s; each `function_result` becomes a `tool` message named after the
     call it answers. Reasoning and usage contents are dropped; images and other media
     are refused (the model reads text).
+
+    `speaker`: the calling agent's name. An assistant or tool message another agent
+    wrote (its `author_name` is set and is not `speaker`: a workflow's earlier agent)
+    becomes a user message named after that agent, its calls and results written out
+    as text — the model reads what a colleague said, not words put in its own mouth.
 
     Raises:
         MessageError: a message that is not a `Message`, an unknown role, an unsupported
@@ -120,7 +148,7 @@ def to_agentmem_messages(messages: Sequence[Message], instructions: Any = None) 
     for i, m in enumerate(messages):
         if not isinstance(m, Message):
             raise MessageError(f"messages[{i}] must be an agent_framework.Message, got {type(m).__name__}")
-        out.extend(_one_message(m, f"messages[{i}]", names))
+        out.extend(_one_message(m, f"messages[{i}]", names, speaker))
     if not out:
         raise MessageError("messages is empty (no text, calls or results)")
     return out

@@ -172,3 +172,23 @@ def test_agent_id_rule():
     # a session the framework made for one run names nothing (its id is new every run)
     assert session_of({"session": s, "_approval_session_is_authoritative": False}) is None
     assert session_of({"session": s, "_approval_session_is_authoritative": True}) is s
+
+
+def test_another_agents_messages_are_what_that_agent_said():
+    """In a workflow the writer gets the clerk's call, result and answer: they are the clerk's words, not its own."""
+    msgs = [
+        Message("user", ["What does order 17 weigh?"]),
+        Message("assistant", [Content.from_function_call("c1", "order_weight", arguments='{"order_id": 17}')],
+                author_name="clerk"),
+        Message("tool", [Content.from_function_result("c1", result="25.5 kg")], author_name="clerk"),
+        Message("assistant", ["It weighs 25.5 kg."], author_name="clerk"),
+        Message("assistant", ["Dear customer, 25.5 kg."], author_name="writer"),
+    ]
+    out = to_agentmem_messages(msgs, speaker="writer")
+    assert out[1:] == [
+        {"role": "user", "content": '(called order_weight({"order_id": 17}))', "name": "clerk"},
+        {"role": "user", "content": "(order_weight returned: 25.5 kg)", "name": "clerk"},
+        {"role": "user", "content": "It weighs 25.5 kg.", "name": "clerk"},
+        {"role": "assistant", "content": "Dear customer, 25.5 kg."},
+    ]
+    assert to_agentmem_messages(msgs, speaker="clerk")[2]["role"] == "tool"  # the clerk's own round trip
