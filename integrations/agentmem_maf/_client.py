@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, ClassVar, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Sequence
 
 from agent_framework import (
     BaseChatClient,
@@ -113,6 +113,8 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     Attributes:
         last_result: the `agentmem.ChatResult` of the latest pool generation
             (timings, `kv` = reused/restored/prefilled, cached tokens).
+        on_result: optional callable `(agent_id, ChatResult) -> None` run after every pool
+            generation (metrics, logging).
 
     Raises:
         agentmem.ConfigError: a malformed `agent_id`.
@@ -152,6 +154,7 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         self._closed = False
         self._runner = CallRunner(self._pool, on_result=self._record)
         self.last_result: ChatResult | None = None
+        self.on_result: Callable[[str, ChatResult], None] | None = None
 
     @property
     def pool(self) -> MemoryPool:
@@ -249,6 +252,8 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     def _record(self, plan: CallPlan, result: ChatResult) -> None:
         self.last_result = result
+        if self.on_result is not None:
+            self.on_result(plan.agent_id, result)
 
     async def _respond(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
         outcome: CallOutcome | None = None
