@@ -257,3 +257,30 @@ def test_public_surface():
     assert sorted(agentmem_maf.__all__) == sorted(
         ["FALLBACK_AGENT_ID", "AgentMemChatClient", "AgentMemContextProvider", "clients_for"]
     )
+
+
+def test_tools_and_a_response_format_share_one_call_or_document_grammar():
+    pool = ScriptedPool(['{"ok": false, "reason": "no weight asked"}'])
+    client = AgentMemChatClient(pool, agent_id="judge", function_invocation_configuration={"enabled": False})
+    r = run(client.get_response([Message("user", ["judge it"])],
+                                options={"tools": [order_weight], "response_format": Verdict}))
+    call = pool.calls[0]
+    assert "tc-root" in call["grammar"] and "doc" in call["grammar"] and call["tools"]
+    assert r.value == Verdict(ok=False, reason="no weight asked")
+
+
+def test_a_call_without_tools_keeps_the_agents_tools_shown():
+    """The prompt (and so the KV prefix) of an agent must not change when one call passes no tools."""
+    pool = ScriptedPool(["a", "b"])
+    client = AgentMemChatClient(pool, agent_id="clerk")
+    run(client.get_response([Message("user", ["x"])], options={"tools": [order_weight]}))
+    run(client.get_response([Message("user", ["x"]), Message("assistant", ["a"]), Message("user", ["y"])]))
+    first, second = pool.calls
+    assert second["tools"] == first["tools"] and second["canonical_calls"] is False
+
+
+def test_a_closed_client_refuses_calls():
+    client = AgentMemChatClient(ScriptedPool([]), agent_id="clerk")
+    run(client.close())
+    with pytest.raises(RuntimeError, match="closed"):
+        run(client.get_response([Message("user", ["x"])]))
