@@ -7,6 +7,8 @@ AutoGen tests.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -39,6 +41,18 @@ def test_the_public_api_is_pinned() -> None:
         "FreeThenForced", "Generate", "HoldsKV", "Mode", "Reply", "StreamGate", "call_steps", "forced_plan",
         "get_strategy", "json_plan", "plan_chat", "read_reply", "show_tools", "turns_for",
     }
+
+
+def test_the_core_imports_no_front_end() -> None:
+    """`agentmem.calls` sits under the server and the integrations: importing it loads none of them."""
+    code = (
+        "import sys, agentmem.calls; "
+        "bad = sorted(m for m in sys.modules if m.startswith('agentmem.server') or m.split('.')[0] in "
+        "('fastapi', 'langchain_core', 'autogen_core', 'agent_framework', 'agentmem_langchain', 'agentmem_autogen')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 # --------------------------------------------------------------------------- the protocol as steps
