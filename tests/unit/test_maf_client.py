@@ -10,7 +10,10 @@ model runs in tests/integration/test_maf_real.py.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +90,22 @@ class ScriptedPool(MemoryPool):
         text = self.replies.pop(0) if self.replies and kw.get("max_tokens") != 0 else ("done" if kw.get("max_tokens") else "")
         result = ChatResult(agent_id, text, "stop", Usage(prompt_tokens=40, cached_tokens=self.cached,
                                                           completion_tokens=len(text)), Timings(), "reused")
-        return ChatStream((x for x in [*(text[i : i + 5] for i in range(0, len(text), 5)), result]))
+        return ChatStream(self._pieces(text, result))
+
+    slow = 0.0  # seconds per piece
+    stopped: list[str] = []  # replies whose generation was closed before its end
+
+    def _pieces(self, text: str, result: ChatResult) -> Any:
+        done = False
+        try:
+            for i in range(0, len(text), 5):
+                time.sleep(self.slow)
+                yield text[i : i + 5]
+            done = True
+            yield result
+        finally:
+            if not done:
+                self.stopped.append(text)
 
     def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:  # type: ignore[override]
         self.pins.append((agent_id, message_index, pinned))
@@ -284,3 +302,40 @@ def test_a_closed_client_refuses_calls():
     run(client.close())
     with pytest.raises(RuntimeError, match="closed"):
         run(client.get_response([Message("user", ["x"])]))
+
+
+def test_import_without_the_agent_framework_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "agent_framework", None)
+    for name in [m for m in sys.modules if m == "agentmem_maf" or m.startswith("agentmem_maf.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=r"pip install 'agentmem-kv\[maf\]'"):
+        importlib.import_module("agentmem_maf")
+
+
+def test_cancelling_a_streamed_run_stops_the_generation():
+    pool = ScriptedPool(["word " * 200])
+    pool.slow, pool.stopped = 0.01, []
+    client = AgentMemChatClient(pool, agent_id="talker", max_tokens=500)
+
+    async def go() -> list[str]:
+        seen: list[str] = []
+
+        async def consume() -> None:
+            async for u in client.get_response([Message("user", ["talk"])], stream=True):
+                seen.append(u.text)
+
+        task = asyncio.create_task(consume())
+        while not seen:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):  # the worker thread closes the pool stream at its next piece
+            if pool.stopped:
+                break
+            await asyncio.sleep(0.01)
+        return seen
+
+    seen = run(go())
+    assert pool.stopped, "the pool stream was closed before its end"
+    assert 0 < len(seen) < 200
