@@ -8,6 +8,7 @@ from its kept KV instead of being prefilled again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Sequence
@@ -244,11 +245,12 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
                    options: Mapping[str, Any]) -> AsyncIterator[str | CallOutcome]:
         """Text pieces a caller may show, then the `CallOutcome` (the core protocol, `agentmem.calls`)."""
         plan = await self._plan(agent, messages, options)
-        async for kind, value in self._runner.arun(plan):
-            if kind == "done":
-                assert isinstance(value, CallOutcome)
-                await pin_facts(self._pool, agent, value.plan.messages or [])
-            yield value
+        async with contextlib.aclosing(self._runner.arun(plan)) as events:  # closed early: generation stops
+            async for kind, value in events:
+                if kind == "done":
+                    assert isinstance(value, CallOutcome)
+                    await pin_facts(self._pool, agent, value.plan.messages or [])
+                yield value
 
     def _record(self, plan: CallPlan, result: ChatResult) -> None:
         self.last_result = result

@@ -339,3 +339,21 @@ def test_cancelling_a_streamed_run_stops_the_generation():
     seen = run(go())
     assert pool.stopped, "the pool stream was closed before its end"
     assert 0 < len(seen) < 200
+
+
+def test_leaving_a_stream_early_stops_the_generation():
+    pool = ScriptedPool(["word " * 200])
+    pool.slow, pool.stopped = 0.01, []
+    client = AgentMemChatClient(pool, agent_id="talker", max_tokens=500)
+
+    async def go() -> None:
+        async with client.get_response([Message("user", ["talk"])], stream=True) as stream:  # MAF's way to close early
+            async for _ in stream:
+                break
+        for _ in range(200):
+            if pool.stopped:
+                return
+            await asyncio.sleep(0.01)
+
+    run(go())
+    assert pool.stopped, "the pool stream was closed before its end"
