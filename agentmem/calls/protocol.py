@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentmem.calls.gate import StreamGate
 from agentmem.calls.plan import CallPlan
 from agentmem.calls.reply import Reply
 from agentmem.calls.steps import Generate, HoldsKV, Steps
@@ -66,10 +65,9 @@ def call_steps(plan: CallPlan, strategy: DecodeStrategy | None = None) -> Steps:
     run + read + retry: the strategy (default `FreeThenForced`); write back: a native call
     the KV does not hold as the template renders it is prefilled in that form.
     """
-    gate = StreamGate(plan)
-    decoded: Any = yield from (strategy or _DEFAULT).decode(plan, gate)
+    decoded: Any = yield from (strategy or _DEFAULT).decode(plan)
     rewrite = None
     reply: Reply = decoded.reply
     if reply.written_back is not None and not (yield HoldsKV(decoded.plan, reply)):
         rewrite = yield Generate(decoded.plan.rewrite_call(reply.written_back))
-    return CallOutcome(decoded.plan, decoded.results, reply, decoded.retried, rewrite, gate.rest(reply))
+    return CallOutcome(decoded.plan, decoded.results, reply, decoded.retried, rewrite, decoded.rest)

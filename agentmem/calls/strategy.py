@@ -1,11 +1,13 @@
 """Decode strategies: how a plan's reply is generated and read, the one place a new way plugs in.
 
-`FreeThenForced` is today's: the reply is generated as planned (free in `auto` mode);
-a reply that looked like a call but did not parse is generated again with the call
-forced under the format's grammar (`CallPlan.forced`). A future lazy grammar (one decode
-whose grammar wakes at the call's opening, `agentmem.engine.sampling`) is a second
-strategy with the same `decode`: one `Generate` of a lazily constrained plan, no retry.
-Strategies are registered by name (`get_strategy`).
+A strategy owns everything between a plan and its reply: the generations it asks for,
+the gate its stream goes through, and the reading. `FreeThenForced` is today's: the reply
+is generated as planned (free in `auto` mode) through a `StreamGate`; a reply that looked
+like a call but did not parse is generated again with the call forced under the format's
+grammar (`CallPlan.forced`). A lazy grammar (one decode whose grammar wakes at the call's
+opening: `agentmem.tools.lazy.lazy_call_grammar`, streamed through its `LazyCallGate`) is a
+second strategy with the same `decode`: one `Generate` of the plan with the lazy grammar,
+no retry. Strategies are registered by name (`get_strategy`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ __all__ = ["STRATEGIES", "Decoded", "DecodeStrategy", "FreeThenForced", "get_str
 
 @dataclass(slots=True)
 class Decoded:
-    """What a strategy produced: the plan that made the final reply, the reply and every generation."""
+    """What a strategy produced: the plan that made the final reply, the reply, every generation,
+    and the streamed text its gate still holds for the caller (`StreamGate.rest`)."""
 
     plan: CallPlan
     reply: Reply
     results: list[ChatResult]
     retried: bool = False
+    rest: str = ""
 
 
 class DecodeStrategy(Protocol):
@@ -38,8 +42,8 @@ class DecodeStrategy(Protocol):
 
     name: str
 
-    def decode(self, plan: CallPlan, gate: StreamGate) -> Steps:
-        """Yield `Generate` steps (the first one streams through `gate`); return a `Decoded`."""
+    def decode(self, plan: CallPlan) -> Steps:
+        """Yield `Generate` steps (one with a gate streams to the caller); return a `Decoded`."""
         ...
 
 
@@ -48,16 +52,18 @@ class FreeThenForced:
 
     name = "free_then_forced"
 
-    def decode(self, plan: CallPlan, gate: StreamGate) -> Steps:
+    def decode(self, plan: CallPlan) -> Steps:
+        gate = StreamGate(plan)
         first: ChatResult = yield Generate(plan, gate)
         results = [first]
         reply = read_reply(plan, first.text)
         if not reply.retry:
-            return Decoded(plan, reply, results)
+            return Decoded(plan, reply, results, rest=gate.rest(reply))
         assert plan.forced is not None, "only a plan that can be forced asks for a retry"
         plan = plan.forced()
         results.append((yield Generate(plan)))
-        return Decoded(plan, read_reply(plan, results[-1].text), results, retried=True)
+        reply = read_reply(plan, results[-1].text)
+        return Decoded(plan, reply, results, retried=True, rest=gate.rest(reply))
 
 
 STRATEGIES: dict[str, DecodeStrategy] = {FreeThenForced.name: FreeThenForced()}
