@@ -2,15 +2,16 @@
 
 `Usage`, `Timings` and `ChatResult` describe a finished call; `ChatStream`
 yields its text pieces and holds the `ChatResult` once the stream ends;
-`drive_async` runs one in a worker thread for the async API.
+`drive_async` (from `agentmem.pool.bridge`, the one thread → asyncio bridge) runs one in
+a worker thread for the async API.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
+
+from agentmem.pool.bridge import drive_async
 
 __all__ = ["ChatResult", "ChatStream", "Timings", "Usage", "drive_async"]
 
@@ -107,39 +108,3 @@ class ChatStream(Iterator[str]):
         """Ask the call to stop at its next prefill chunk or decode step (thread-safe, idempotent)."""
         if self._cancel is not None:
             self._cancel.set("cancelled")
-
-
-async def drive_async(stream: ChatStream) -> AsyncIterator[str | ChatResult]:
-    """Run a blocking stream in a worker thread, handing pieces to the loop."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    stop = threading.Event()
-    done = object()
-
-    def worker() -> None:
-        try:
-            for piece in stream:
-                if stop.is_set():
-                    break
-                loop.call_soon_threadsafe(queue.put_nowait, piece)
-            if stream.result is not None and not stop.is_set():
-                loop.call_soon_threadsafe(queue.put_nowait, stream.result)
-        except BaseException as exc:  # hand every error to the consumer
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        finally:
-            stream.close()
-            loop.call_soon_threadsafe(queue.put_nowait, done)
-
-    thread = threading.Thread(target=worker, name="agentmem-stream", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = await queue.get()
-            if item is done:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        await asyncio.to_thread(thread.join)

@@ -3,7 +3,8 @@
 Routes parse and answer HTTP; the engine runs calls and agent operations on the
 `MemoryPool`, always off the event loop (worker threads), and counts what happened.
 A call is `prepare_*` (validation, tools/JSON protocol, prompt-size limit), then `run`:
-an async iterator of `("text", piece)` events ending with `("done", Outcome)`.
+an async iterator of `("text", piece)` events ending with `("done", Outcome)`, the
+protocol of `agentmem.calls` driven on the event loop (`CallRunner.arun`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any, AsyncIterator, Literal
 from agentmem import validation as check
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, UnknownAgentError
+from agentmem.calls import CallOutcome, CallRunner
+from agentmem.calls.runner import until_done
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
 from agentmem.server.auth import Principal
-from agentmem.server.calls import PoolCall, Reply, StreamHolder, chat_call, completion_call, read_reply
+from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
 from agentmem.server.identity import authorize
 from agentmem.server.metrics import ServerMetrics
@@ -56,6 +59,11 @@ class Outcome:
     retried: bool = False
     rewrite: ChatResult | None = None
     line: str = ""  # how a request without an agent id found its agent (`Line.kind`; "" when it named one)
+
+    @classmethod
+    def of(cls, done: CallOutcome, line: str = "") -> Outcome:
+        """The server's view of the protocol's outcome (the reply in OpenAI's shape)."""
+        return cls(done.plan, done.results, Reply.of(done.reply), done.retried, done.rewrite, line)
 
     @property
     def finish_reason(self) -> str:
@@ -121,6 +129,7 @@ class Engine:
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
+        self._calls: CallRunner | None = None
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting)
 
@@ -247,90 +256,55 @@ class Engine:
             raise ApiError(413, f"the prompt has {n} tokens; this server accepts at most {limit}",
                            code="request_too_large", param="messages" if call.messages is not None else "prompt")
 
-    def _open(self, call: PoolCall) -> Any:
+    def _runner(self) -> CallRunner:
+        """The protocol's runner on this server's pool, its agent turns, worker threads and metrics."""
         pool = self._pool()
-        if call.messages is not None:
-            return lambda: pool.chat_stream(call.agent_id, call.pool_messages(), **call.sampling)
-        return lambda: pool.complete_stream(call.agent_id, call.prompt or "", **call.sampling)
-
-    async def _once(self, call: PoolCall) -> ChatResult:
-        result = None
-        async with contextlib.aclosing(self.queue.stream(self._open(call))) as items:
-            async for item in items:
-                if isinstance(item, ChatResult):
-                    result = item
-        assert result is not None, "a finished stream has a result"
-        self.metrics.observe_call(result)
-        return result
+        if self._calls is None or self._calls.pool is not pool:
+            self._calls = CallRunner(pool, turns=self.queue.turns, workers=self.queue.workers,
+                                     on_result=lambda _plan, result: self.metrics.observe_call(result))
+        return self._calls
 
     async def run(self, call: PoolCall) -> AsyncIterator[Event]:
-        """Run `call`: text events as they may be shown, then `("done", Outcome)`.
+        """Run `call` (`agentmem.calls.CallRunner.arun`): text events as they may be shown, then `("done", Outcome)`.
 
-        The agent is held for the whole call (an `auto` retry and a call's rewrite
-        included); closing the iterator early stops generation at the next token and
+        The agent is held for the whole call (an `auto` retry, a call's rewrite and the
+        commit included); closing the iterator early stops generation at the next token and
         frees the agent.
         """
-        holder = StreamHolder(call)
-        line = call.line
+        runner = self._runner()
         self.processing += 1
         try:
             async with self.queue.agent(call.agent_id), self._owned(call.agent_id):
-                result = None
-                async with contextlib.aclosing(self.queue.stream(self._open(call))) as items:
-                    async for item in items:
-                        if isinstance(item, ChatResult):
-                            result = item
+                async with contextlib.aclosing(runner.arun(call, hold=False)) as events:
+                    async for kind, value in events:
+                        if kind == "text":
+                            yield ("text", value)
                             continue
-                        shown = holder.push(item)
-                        if shown:
-                            yield ("text", shown)
-                assert result is not None, "a finished stream has a result"
-                self.metrics.observe_call(result)
-                results = [result]
-                reply = read_reply(call, result.text)
-                retried = reply.retry
-                if reply.retry:
-                    assert call.forced is not None
-                    call = call.forced()
-                    results.append(await self._once(call))
-                    reply = read_reply(call, results[-1].text)
-                rewrite = None
-                if reply.written_back is not None and not await self.queue.call(self._kv_holds, call, reply):
-                    rewrite = await self._once(call.rewrite_call(reply.written_back))
-                rest = holder.rest(reply)
-                if rest:
-                    yield ("text", rest)
-                if self.replica is not None:
-                    await self.replica.commit(call.agent_id)  # fenced by the agent's lease
-                elif self.settings.durability == "call":
-                    # still holding the agent: the state written is the one this call left
-                    await self.queue.call(self._pool().commit, call.agent_id)
-                yield ("done", Outcome(call, results, reply, retried, rewrite, line))
+                        assert isinstance(value, CallOutcome)
+                        if value.rest:
+                            yield ("text", value.rest)
+                        await self._commit(call.agent_id)
+                        yield ("done", Outcome.of(value, call.line))
         finally:
             self.processing -= 1
+
+    async def _commit(self, agent_id: str) -> None:
+        """After a call, still holding its agent: commit fenced by its lease, or per `durability`."""
+        if self.replica is not None:
+            await self.replica.commit(agent_id)  # fenced by the agent's lease
+        elif self.settings.durability == "call":
+            # still holding the agent: the state written is the one this call left
+            await self.queue.call(self._pool().commit, agent_id)
 
     def _owned(self, agent_id: str) -> Any:
         """Cluster mode: hold `agent_id`'s lease (re-reading a stale local copy) for the block."""
         return self.replica.serving(agent_id) if self.replica is not None else contextlib.nullcontext()
 
-    def _kv_holds(self, call: PoolCall, reply: Reply) -> bool:
-        """Whether the agent's KV holds the reply's calls token for token as the next prompt renders them."""
-        assert reply.written_back is not None and call.messages is not None
-        pool = self._pool()
-        want = pool.renderer.render(
-            check.message_list([*call.messages, {"role": "assistant", "content": reply.written_back}]), tools=call.tools
-        ).tokens
-        held = pool.history_tokens(call.agent_id)
-        return len(held) >= len(want) and list(held[: len(want)]) == list(want)
-
     async def collect(self, call: PoolCall) -> Outcome:
         """Run `call` to its end (a non-streaming request)."""
-        async with contextlib.aclosing(self.run(call)) as events:
-            async for kind, value in events:
-                if kind == "done":
-                    assert isinstance(value, Outcome)
-                    return value
-        raise AssertionError("a call ends with its outcome")
+        outcome = await until_done(self.run(call))
+        assert isinstance(outcome, Outcome)
+        return outcome
 
     # ------------------------------------------------------------------ agents
     async def _do(self, fn: Any, *args: Any) -> Any:

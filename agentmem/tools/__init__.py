@@ -20,9 +20,11 @@ releases text as soon as no trigger can fire.
 text) and tells a stream when to hold a reply back.
 `registry.py` keeps one shared pool per configuration in the process, closed by its last
 holder or at exit.
+`recall.py` is what every integration's memory shows the model: the pinned-facts block (and
+the pinning of its message), evicted spans recalled and completed to whole lines.
 
-No agent framework is imported here; `agentmem_langchain` and `agentmem_autogen` adapt
-these to their own message and tool types.
+No agent framework is imported here; `agentmem_langchain`, `agentmem_autogen` and
+`agentmem_maf` adapt these to their own message and tool types.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from autogen_core import CancellationToken, Component
@@ -26,86 +25,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 import agentmem.validation as check
-from agentmem import AgentMemError, MemoryPool, PoolConfig
+from agentmem import MemoryPool, PoolConfig
 from agentmem.tools import acquire, register, release
+from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync, recall_spans
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["FACTS_HEADER", "RECALL_HEADER", "AgentMemMemory", "AgentMemMemoryConfig", "pin_facts"]
 
-FACTS_HEADER = "Pinned facts:"
-"""First line of the system message holding the facts (the client pins messages that start with it)."""
-RECALL_HEADER = "Recalled from earlier in this conversation (no longer in working memory):"
-"""First line of a system message of recalled evicted text."""
-
 
 async def pin_facts(pool: MemoryPool, agent_id: str, messages: List[Dict[str, Any]]) -> None:
     """Pin the latest facts message of a finished call in the agent's KV (and unpin older ones)."""
-    idx = [i for i, m in enumerate(messages)
-           if m.get("role") == "system" and str(m.get("content", "")).startswith(FACTS_HEADER)]
-    if idx:
-        def pin() -> None:
-            try:
-                for i in idx[:-1]:
-                    pool.pin(agent_id, i, False)
-                pool.pin(agent_id, idx[-1])
-            except AgentMemError as exc:  # the call did not keep its messages (cancelled, trimmed)
-                logger.debug("agent %r: facts message not pinned: %s", agent_id, exc)
-        await asyncio.to_thread(pin)
-
-
-#: Tokens of history looked at on each side of a recalled span to complete its line.
-CONTEXT_TOKENS = 48
+    await asyncio.to_thread(pin_facts_sync, pool, agent_id, messages)
 
 
 def _recall(pool: MemoryPool, agent_id: str, query: str, k: int) -> list[tuple[str, Any]]:
-    """The `k` best evicted spans as `(text, span)`, each widened to the whole line(s) it cuts.
-
-    Eviction removes token blocks, so a span may start or end inside a sentence (`"the
-    vault pass"` | `"word is marmalade."`); the history tokens around it complete it up to
-    the nearest line breaks (at most `CONTEXT_TOKENS` each side), without the template's
-    role lines. A span counts only when it shares a word of four letters or more (not a
-    common one) with the query — the full-text search ORs every word, so `"what is"`
-    alone would match everything. Duplicates and this memory's own messages are dropped.
-    """
-    wanted = _words(query)
-    if not wanted or k == 0:
-        return []
-    spans = pool.recall(agent_id, query, 4 * k)
-    if not spans:
-        return []
-    hist = pool.history_tokens(agent_id)
-    text = pool.model.detokenize
-    out: list[tuple[str, Any]] = []
-    seen: set[str] = set()
-    for s in spans:
-        left = text(hist[max(0, s.start - CONTEXT_TOKENS) : s.start])
-        right = text(hist[s.end : s.end + CONTEXT_TOKENS])
-        whole = left.rsplit("\n", 1)[-1] + text(hist[s.start : s.end]) + right.split("\n", 1)[0]
-        lines = [ln.strip() for ln in whole.splitlines()]
-        whole = "\n".join(ln for ln in lines if ln and ln.lower() not in _ROLE_LINES)
-        if not whole or whole in seen or whole.startswith((FACTS_HEADER, RECALL_HEADER)) or not wanted & _words(whole):
-            continue
-        seen.add(whole)
-        out.append((whole, s))
-        if len(out) == k:
-            break
-    return out
-
-
-#: Lines of a chat template's markup left when its control tokens are dropped.
-_ROLE_LINES = frozenset({"system", "user", "assistant", "tool", "model", "ipython"})
-#: Words too common to make a span relevant (the FTS query ORs every word).
-_COMMON = frozenset(
-    "about also been could does from have into just like make many more most much must name only over "
-    "said same says should some such tell than that their them then there these they this very want were "
-    "what when where which while will with would your".split()
-)
-
-
-def _words(text: str) -> set[str]:
-    """The words of `text` that can make a span relevant: four letters or more, not common."""
-    return {w for w in re.findall(r"\w+", text.lower()) if len(w) >= 4 and w not in _COMMON}
+    """The `k` best evicted spans as `(text, span)`, widened to whole lines (`agentmem.tools.recall`)."""
+    return recall_spans(pool, agent_id, query, k)
 
 
 class AgentMemMemoryConfig(BaseModel):
@@ -267,7 +203,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
         messages = await model_context.get_messages()
         added: list[MemoryContent] = []
         if self._facts:
-            block = FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in self._facts)
+            block = facts_block(self._facts)
             last = next((m for m in reversed(messages) if isinstance(m, SystemMessage)
                          and m.content.startswith(FACTS_HEADER)), None)
             if last is None or last.content != block:

@@ -31,9 +31,9 @@ from autogen_core.models import (
 from autogen_core.tools import Tool, ToolSchema
 
 from agentmem.errors import MessageError
-from agentmem.tools import ToolFormat, get_tool_format, new_call_id
+from agentmem.tools import ParsedCall, ToolFormat, get_tool_format, new_call_id
 
-__all__ = ["candidate_names", "parse_tool_calls", "to_agentmem_messages", "tool_schemas"]
+__all__ = ["candidate_names", "function_calls", "parse_tool_calls", "to_agentmem_messages", "tool_schemas"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,11 +123,13 @@ def parse_tool_calls(
     found = (fmt or get_tool_format("envelope")).find(text, names)
     if found is None:
         return None
-    calls, before = found
-    return [
-        FunctionCall(id=new_call_id(), name=c.name or "", arguments=json.dumps(c.arguments, ensure_ascii=False))
-        for c in calls
-    ], before
+    return function_calls(found[0]), found[1]
+
+
+def function_calls(calls: Sequence[ParsedCall]) -> list[FunctionCall]:
+    """Parsed calls as AutoGen's `FunctionCall`s (fresh ids, arguments as JSON text)."""
+    return [FunctionCall(id=new_call_id(), name=c.name or "", arguments=json.dumps(c.arguments, ensure_ascii=False))
+            for c in calls]
 
 
 # A Python list of quoted names as `str(list_of_names)` writes it: ['pm', 'engineer']

@@ -1,23 +1,14 @@
-"""The plan of one `create` call: which tools the reply may or must call, the output grammar, the forced prefix and the redo of a malformed call, decided and validated before anything is generated."""
+"""The plan of one `create` call: AutoGen's `tool_choice`, `json_output`, create args and speaker selection read into the protocol's `agentmem.calls.CallPlan` (which tools the reply may or must call, its grammar, the forced prefix and the redo of a malformed call), validated before anything is generated."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from autogen_core.tools import Tool
 from pydantic import BaseModel
 
-from agentmem.tools import (
-    JSON_OBJECT_GRAMMAR,
-    ToolFormat,
-    choice_grammar,
-    get_tool_format,
-    opens_tool_call,
-    schema_grammar,
-    tools_prompt,
-    with_system_block,
-)
+from agentmem.calls import CallPlan, forced_plan, show_tools
+from agentmem.tools import JSON_OBJECT_GRAMMAR, ToolFormat, choice_grammar, schema_grammar
 
 from ._messages import candidate_names
 
@@ -30,23 +21,8 @@ SAMPLING_ARGS: frozenset[str] = frozenset(
 """Keys accepted in `create_args` and in `extra_create_args` of a call."""
 
 
-@dataclass(slots=True)
-class _Plan:
-    """What one `create` call will do (built and validated before any generation)."""
-
-    agent_id: str
-    messages: list[dict[str, Any]]
-    sampling: dict[str, Any]
-    grammar: Optional[str]  # constraint of the first generation
-    tool_names: list[str] = field(default_factory=list)  # tools the reply may call
-    prefix: Optional[str] = None  # start of the reply, given in the prompt (forced tool call)
-    retry: Optional[tuple[str, str]] = None  # (prefix, grammar) redoing a malformed call in auto mode
-    stream_text: bool = True  # pieces are text for the caller (not a tool call)
-    fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))  # the model's call syntax
-
-    @property
-    def forced(self) -> bool:
-        return self.prefix is not None
+_Plan = CallPlan
+"""What one `create` call will do (`agentmem.calls.CallPlan`, read `lenient`ly: calls anywhere in the reply)."""
 
 
 def check_args(args: Mapping[str, Any], where: str) -> None:
@@ -67,17 +43,49 @@ def check_args(args: Mapping[str, Any], where: str) -> None:
 def with_tools(
     conv: list[dict[str, Any]], schemas: Sequence[Mapping[str, Any]], fmt: ToolFormat
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The conversation and pool keywords that show `schemas` to the model.
+    """The conversation and pool keywords that show `schemas` to the model (`agentmem.calls.show_tools`)."""
+    specs = [{"name": s["name"], "description": s.get("description") or "", "parameters": s.get("parameters") or {}}
+             for s in schemas]
+    return show_tools(conv, specs if fmt.native else list(schemas), fmt)
 
-    A native tool format gets them through the chat template (`tools=`); otherwise
-    agentmem's tools block ends the system message.
-    """
-    if not schemas:
-        return conv, {}
-    if fmt.native:
-        shown = [{"name": s["name"], "description": s.get("description") or "", "parameters": s.get("parameters") or {}} for s in schemas]
-        return conv, {"tools": shown}
-    return with_system_block(conv, tools_prompt(schemas)), {}
+
+def _forced_tools(tool_choice: Any, schemas: list[dict[str, Any]], force_tools: bool) -> list[dict[str, Any]]:
+    """The tools a reply must call (`[]`: none forced)."""
+    names = [s["name"] for s in schemas]
+    if isinstance(tool_choice, Tool):
+        if tool_choice.name not in names:
+            raise ValueError(f"tool_choice names tool {tool_choice.name!r}, which is not among tools {names}")
+        return [s for s in schemas if s["name"] == tool_choice.name]
+    if tool_choice == "required":
+        if not schemas:
+            raise ValueError("tool_choice='required' but no tools were given")
+        return schemas
+    if tool_choice == "auto":
+        return schemas if force_tools else []
+    if tool_choice == "none":
+        return []
+    raise ValueError(f"tool_choice must be a Tool, 'auto', 'required' or 'none', got {tool_choice!r}")
+
+
+def _json_grammar(json_output: Any) -> str | None:
+    """The grammar of a JSON reply (`None`: no JSON output asked)."""
+    if json_output is None or json_output is False:
+        return None
+    if json_output is True:
+        return JSON_OBJECT_GRAMMAR
+    if isinstance(json_output, type) and issubclass(json_output, BaseModel):
+        return schema_grammar(json_output.model_json_schema())
+    raise ValueError(f"json_output must be None, a bool or a pydantic BaseModel subclass, got {json_output!r}")
+
+
+def _either_grammar(fmt: ToolFormat, schemas: list[dict[str, Any]], json_output: Any, json_grammar: str,
+                    parallel: bool) -> str:
+    """One grammar admitting a call or the JSON reply (the parse decides)."""
+    if json_output is not True:
+        return fmt.call_or_document(schemas, json_output.model_json_schema(), parallel=parallel)
+    if fmt.native:  # the envelope is a JSON object; a native call is not
+        return fmt.call_or_document(schemas, {"type": "object"}, parallel=parallel)
+    return json_grammar
 
 
 def plan_call(
@@ -113,7 +121,8 @@ def plan_call(
             `SelectorGroupChat` selection prompt, when it lists some.
 
     Returns:
-        The `_Plan`.
+        The plan: a forced call (`tools`), a call or a document (`either`), a free reply
+        that may call (`auto`, with a forced retry) or a text reply.
 
     Raises:
         ValueError: a bad `tool_choice` or `json_output`, or a user grammar combined
@@ -123,66 +132,30 @@ def plan_call(
     user_grammar = sampling.pop("grammar", None)
     names = [s["name"] for s in schemas]
     conv, tools_kw = with_tools(conv, shown, fmt)
-    sampling.update(tools_kw)
+    base = CallPlan(agent, conv, None, {**sampling, **tools_kw}, fmt=fmt, lenient=True)
     parallel = parallel and fmt.parallel
-
-    # which tools the reply may / must call
-    if isinstance(tool_choice, Tool):
-        if tool_choice.name not in names:
-            raise ValueError(f"tool_choice names tool {tool_choice.name!r}, which is not among tools {names}")
-        forced = [s for s in schemas if s["name"] == tool_choice.name]
-    elif tool_choice == "required":
-        if not schemas:
-            raise ValueError("tool_choice='required' but no tools were given")
-        forced = schemas
-    elif tool_choice == "auto":
-        forced = schemas if force_tools else []
-    elif tool_choice == "none":
-        forced = []
-    else:
-        raise ValueError(f"tool_choice must be a Tool, 'auto', 'required' or 'none', got {tool_choice!r}")
-    allowed = [] if tool_choice == "none" else ([s["name"] for s in forced] if forced else names)
-
-    # the output constraint
-    if json_output is None or json_output is False:
-        json_grammar = None
-    elif json_output is True:
-        json_grammar = JSON_OBJECT_GRAMMAR
-    elif isinstance(json_output, type) and issubclass(json_output, BaseModel):
-        json_grammar = schema_grammar(json_output.model_json_schema())
-    else:
-        raise ValueError(f"json_output must be None, a bool or a pydantic BaseModel subclass, got {json_output!r}")
+    forced = _forced_tools(tool_choice, schemas, force_tools)
+    allowed = () if tool_choice == "none" else tuple(s["name"] for s in forced) if forced else tuple(names)
+    json_grammar = _json_grammar(json_output)
     if user_grammar is not None and (json_grammar is not None or forced):
         raise ValueError("a 'grammar' create arg cannot be combined with json_output or a forced tool_choice")
-
+    base.tool_names = allowed
     if forced:
-        prefix, grammar = fmt.continuation(forced, parallel=parallel)
-        return _Plan(agent, conv, sampling, grammar, allowed, prefix=prefix, stream_text=False, fmt=fmt)
+        return forced_plan(base, *fmt.continuation(forced, parallel=parallel))
     if allowed and json_grammar is not None:
-        # A JSON reply or a tool call: one grammar admits both; the parse decides.
-        if json_output is not True:
-            json_grammar = fmt.call_or_document(schemas, json_output.model_json_schema(), parallel=parallel)
-        elif fmt.native:  # the envelope is a JSON object; a native call is not
-            json_grammar = fmt.call_or_document(schemas, {"type": "object"}, parallel=parallel)
-        return _Plan(agent, conv, sampling, json_grammar, allowed, stream_text=False, fmt=fmt)
+        base.mode = "either"
+        return base.with_sampling(grammar=_either_grammar(fmt, schemas, json_output, json_grammar, parallel))
     if allowed:
-        retry = fmt.continuation(schemas, parallel=parallel)
-        return _Plan(agent, conv, sampling, user_grammar, allowed, retry=retry, fmt=fmt)
-    if "tools" in sampling:  # shown, not to be called: a reply that opens like a call stays as written
-        sampling["canonical_calls"] = False
-    if json_grammar is None and user_grammar is None and speaker_selection:
-        names = candidate_names(conv)
-        if names:
-            user_grammar = choice_grammar(names)
-    return _Plan(agent, conv, sampling, json_grammar or user_grammar, [])
+        base.mode, base.forced = "auto", lambda: forced_plan(base, *fmt.continuation(schemas, parallel=parallel))
+        return base.with_sampling(grammar=user_grammar) if user_grammar is not None else base
+    return _reply_plan(base, json_grammar or user_grammar, speaker_selection)
 
 
-def opens_call(plan: _Plan, lead: str) -> bool | None:
-    """Whether a streamed reply opening with `lead` may be a call (None: not known yet)."""
-    if not plan.tool_names:
-        return False
-    if plan.fmt.native:
-        native = plan.fmt.opens_call(lead)
-        if native is not False:
-            return native
-    return opens_tool_call(lead, lenient=True)
+def _reply_plan(base: CallPlan, grammar: str | None, speaker_selection: bool) -> CallPlan:
+    """A reply that calls no tool: under `grammar`, else, for a selection prompt, one of its candidate names."""
+    if base.tools:  # shown, not to be called: a reply that opens like a call stays as written
+        base.sampling["canonical_calls"] = False
+    if grammar is None and speaker_selection:
+        candidates = candidate_names(base.messages or [])
+        grammar = choice_grammar(candidates) if candidates else None
+    return base.with_sampling(grammar=grammar) if grammar is not None else base

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, ContextManager, Iterator, Mapping
 
 from typing_extensions import Self
 
@@ -18,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_model_path
 from agentmem import tools as _tools
 from agentmem import validation as check
+from agentmem.calls import turns_for
 
 from ._hints import GraphFollower, follower_for, hold_after_reply
 from ._identity import AgentIdFromConfig, resolve_agent
@@ -27,9 +24,6 @@ __all__ = ["AgentMemFields", "agent_lock", "async_agent_lock", "shared_pool", "t
 
 #: Per-call keyword arguments that map straight to `MemoryPool.chat` sampling options.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-
-_locks: weakref.WeakKeyDictionary[MemoryPool, dict[str, threading.Lock]] = weakref.WeakKeyDictionary()
-_locks_guard = threading.Lock()
 
 
 def shared_pool(model_path: str | None = None, **options: Any) -> MemoryPool:
@@ -59,41 +53,19 @@ def _open_pool(config: PoolConfig) -> MemoryPool:
     return MemoryPool(config=config)
 
 
-def _lock_for(pool: MemoryPool, agent_id: str) -> threading.Lock:
-    with _locks_guard:
-        per_pool = _locks.setdefault(pool, {})
-        return per_pool.setdefault(agent_id, threading.Lock())
-
-
-@contextlib.contextmanager
-def agent_lock(pool: MemoryPool, agent_id: str) -> Iterator[None]:
-    """One call at a time per agent.
+def agent_lock(pool: MemoryPool, agent_id: str) -> ContextManager[None]:
+    """One call at a time per agent (`agentmem.calls.turns_for(pool).hold`).
 
     Two overlapping calls for the same agent (`batch` runs inputs in threads)
-    would both extend the same llama.cpp sequence; they are serialized here.
-    Calls for different agents still overlap freely.
+    would both extend the same llama.cpp sequence; they are serialized here, with
+    every other front-end's calls on the pool. Calls for different agents overlap freely.
     """
-    lock = _lock_for(pool, agent_id)
-    with lock:
-        yield
+    return turns_for(pool).hold(agent_id)
 
 
-@contextlib.asynccontextmanager
-async def async_agent_lock(pool: MemoryPool, agent_id: str) -> AsyncIterator[None]:
-    """`agent_lock` for coroutines: waits without blocking the event loop.
-
-    Polls instead of acquiring in a worker thread so that a cancelled waiter can
-    never end up holding the lock.
-    """
-    lock = _lock_for(pool, agent_id)
-    delay = 0.001
-    while not lock.acquire(blocking=False):
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.02)
-    try:
-        yield
-    finally:
-        lock.release()
+def async_agent_lock(pool: MemoryPool, agent_id: str) -> AsyncContextManager[None]:
+    """`agent_lock` for coroutines: waits on the event loop (no thread, no polling); a cancelled waiter never holds it."""
+    return turns_for(pool).ahold(agent_id)
 
 
 def usage_dict(results: list[ChatResult]) -> dict[str, Any]:

@@ -1,16 +1,21 @@
-"""Reading a call's reply (`_Reply`): its generated text as content or tool calls, a redo or a write-back when needed, and, while it streams, which text may be shown yet (`_Holder`)."""
+"""A reply of the protocol (`agentmem.calls.Reply`) in LangChain's terms (`_Reply`): content, `ToolCall`s, `InvalidToolCall`s."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from langchain_core.messages import InvalidToolCall, ToolCall
 
-from agentmem.tools.parse import CallGate
+from agentmem.calls import CallOutcome, CallPlan, StreamGate
+from agentmem.calls import Reply as CoreReply
+from agentmem.calls import read_reply
 
-from ._plan import _Call
-from ._tools import find_tool_calls, parse_tool_calls
+from ._tools import as_invalid_tool_call, as_tool_call
+
+_Holder = StreamGate
+"""Which streamed text may be shown now (`agentmem.calls.StreamGate`)."""
+
 
 @dataclass
 class _Reply:
@@ -18,69 +23,46 @@ class _Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
     retry: bool = False
-    rewrite: str | None = None  # the call as the template writes it back, when the model wrote it otherwise
+
+    @property
+    def has_calls(self) -> bool:
+        """Whether the reply goes out as (valid or invalid) tool calls."""
+        return bool(self.tool_calls or self.invalid_tool_calls)
 
 
-def _written_back(call: _Call, full: str, reply: _Reply) -> _Reply:
-    """`reply`, marked for a rewrite when its calls are not written the way the template writes them back.
-
-    A model may write a call in another shape than its template's (a bare JSON object,
-    other spacing); the next prompt renders the template's form, and the KV of the
-    call would be re-prefilled then. `_rewrite_call` puts the template's form in the KV now.
-    """
-    if not call.fmt.native or not reply.tool_calls or reply.invalid_tool_calls:
-        return reply
-    back = call.fmt.written_back(reply.content, [(c["name"], c["args"]) for c in reply.tool_calls])
-    if back != full.strip():
-        reply.rewrite = back
-    return reply
-
-
-def _rewrite_call(call: _Call, reply: _Reply) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
-    """Pool arguments that prefill `reply.rewrite` as the agent's reply (nothing is generated)."""
-    assert reply.rewrite is not None
-    keep = {k: v for k, v in call.sampling.items() if k == "tools"}
-    return call.agent_id, [*call.messages, {"role": "assistant", "content": reply.rewrite}], {**keep, "max_tokens": 0}
+def as_langchain(plan: CallPlan, reply: CoreReply) -> _Reply:
+    """`reply` in LangChain's terms: a forced call that did not parse is an `InvalidToolCall`, not text."""
+    if reply.retry:
+        return _Reply(retry=True)
+    if reply.is_call:
+        return _Reply(content=reply.content or "", tool_calls=[as_tool_call(c) for c in reply.calls])
+    if reply.calls or reply.invalid:
+        return _Reply(tool_calls=[as_tool_call(c) for c in reply.calls], invalid_tool_calls=[as_invalid_tool_call(c) for c in reply.invalid])
+    if plan.mode == "tools":  # cannot happen under the grammar, unless cut by a stop string
+        return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=reply.text, id=None,
+                                                          error="no tool-call JSON in the reply")])
+    return _Reply(content=reply.content or "")
 
 
-def _read(call: _Call, text: str) -> _Reply:
-    """Interpret the generated `text` of `call`."""
-    full = call.prefix + text
-    if call.mode in ("text", "json"):
-        return _Reply(content=full)
-    parsed = parse_tool_calls(full, call.fmt)
-    if call.mode == "auto":
-        if parsed is None and call.fmt.native:  # a native call after some text: the text is the content
-            found = find_tool_calls(full, call.tool_names, call.fmt)
-            if found is not None:
-                return _written_back(call, full, _Reply(content=found[1], tool_calls=found[0]))
-        if parsed is None:
-            return _Reply(content=full)
-        calls, invalid = parsed
-        bad = invalid or not calls or any(c["name"] not in call.tool_names for c in calls)
-        if bad and call.forced is not None:
-            return _Reply(retry=True)
-        return _written_back(call, full, _Reply(tool_calls=calls, invalid_tool_calls=invalid))
-    if parsed is None:  # cannot happen under the grammar, unless cut by a stop string
-        return _Reply(invalid_tool_calls=[InvalidToolCall(type="invalid_tool_call", name=None, args=full, id=None, error="no tool-call JSON in the reply")])
-    calls, invalid = parsed
-    return _Reply(tool_calls=calls, invalid_tool_calls=invalid)
+def _read(plan: CallPlan, text: str) -> _Reply:
+    """Interpret the generated `text` of `plan`."""
+    return as_langchain(plan, read_reply(plan, text))
 
 
-class _Holder(CallGate):
-    """Decides, while streaming, which text may be shown now (`agentmem.tools.parse.CallGate`).
+def tool_call_chunks(reply: _Reply) -> list[dict[str, object]]:
+    """The reply's calls as the `tool_call_chunks` of a last streamed chunk."""
+    chunks: list[dict[str, object]] = [
+        {"name": tc["name"], "args": json.dumps(tc["args"], ensure_ascii=False), "id": tc["id"], "index": i,
+         "type": "tool_call_chunk"}
+        for i, tc in enumerate(reply.tool_calls)
+    ]
+    return chunks + [
+        {"name": tc.get("name"), "args": tc.get("args"), "id": tc.get("id"), "index": len(chunks) + i,
+         "type": "tool_call_chunk"}
+        for i, tc in enumerate(reply.invalid_tool_calls)
+    ]
 
-    Text replies stream as they come. A forced tool call is held to the end (it
-    arrives as tool-call chunks). In `auto` mode the start of a reply is held while it
-    could still be a tool call (in the model's syntax, `call.fmt`).
-    """
 
-    def __init__(self, call: _Call) -> None:
-        super().__init__(call.fmt, call.mode)
-        self.call = call
-
-    def rest(self, reply: _Reply) -> str:
-        """Held text still to show once the reply is known."""
-        if reply.tool_calls or reply.invalid_tool_calls or reply.retry:
-            return ""
-        return self.held
+def rest_of(outcome: CallOutcome, reply: _Reply) -> str:
+    """Held text still to show once the reply is known (none for calls)."""
+    return "" if reply.has_calls or reply.retry else outcome.rest

@@ -14,9 +14,9 @@ from typing import Any, Mapping, Sequence
 from langchain_core.messages import InvalidToolCall, ToolCall
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from agentmem.tools import ToolFormat, clean_schema, get_tool_format, new_call_id
+from agentmem.tools import ParsedCall, ToolFormat, clean_schema, get_tool_format, new_call_id
 
-__all__ = ["ToolSpec", "find_tool_calls", "normalize_tool_choice", "normalize_tools", "parse_tool_calls"]
+__all__ = ["ToolSpec", "as_invalid_tool_call", "as_tool_call", "normalize_tool_choice", "normalize_tools", "parse_tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,16 @@ def normalize_tool_choice(choice: Any, names: Sequence[str]) -> str:
     )
 
 
+def as_tool_call(c: ParsedCall) -> ToolCall:
+    """A valid parsed call as LangChain's `ToolCall` (a fresh id)."""
+    return ToolCall(type="tool_call", name=c.name or "", args=c.arguments or {}, id=new_call_id())
+
+
+def as_invalid_tool_call(c: ParsedCall) -> InvalidToolCall:
+    """A call that did not parse as LangChain's `InvalidToolCall` (its raw text and error)."""
+    return InvalidToolCall(type="invalid_tool_call", name=c.name, args=c.raw, id=new_call_id(), error=c.error)
+
+
 def parse_tool_calls(text: str, fmt: ToolFormat | None = None) -> tuple[list[ToolCall], list[InvalidToolCall]] | None:
     """Parse a reply that is a tool call in `fmt`'s syntax (default: the envelope); `None` if it is not one.
 
@@ -81,23 +91,4 @@ def parse_tool_calls(text: str, fmt: ToolFormat | None = None) -> tuple[list[Too
     parsed = (fmt or get_tool_format("envelope")).parse(text)
     if parsed is None:
         return None
-    calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
-    for c in parsed:
-        if c.ok:
-            assert c.name is not None and c.arguments is not None, c
-            calls.append(ToolCall(type="tool_call", name=c.name, args=c.arguments, id=new_call_id()))
-        else:
-            invalid.append(
-                InvalidToolCall(type="invalid_tool_call", name=c.name, args=c.raw, id=new_call_id(), error=c.error)
-            )
-    return calls, invalid
-
-
-def find_tool_calls(text: str, names: Sequence[str], fmt: ToolFormat) -> tuple[list[ToolCall], str] | None:
-    """Valid calls to `names` anywhere in `text` (`fmt`'s syntax first): `(calls, text_before)`, or `None`."""
-    found = fmt.find(text, names)
-    if found is None:
-        return None
-    calls, before = found
-    return [ToolCall(type="tool_call", name=c.name or "", args=c.arguments or {}, id=new_call_id()) for c in calls], before
+    return [as_tool_call(c) for c in parsed if c.ok], [as_invalid_tool_call(c) for c in parsed if not c.ok]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from operator import itemgetter
 from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
 
@@ -19,15 +18,15 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_core.language_models.model_profile import ModelProfile
 
-from agentmem import ChatResult as PoolResult
 from agentmem import PoolConfig
+from agentmem.calls import CallOutcome, CallRunner
 
-from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
+from ._common import AgentMemFields, timings_dict, usage_dict
 from ._messages import to_pool_messages
 from ._plan import _CALL_KEYS, _Call, plan_call
 from ._profile import profile_for
 from ._rewrites import RewriteWatch
-from ._reply import _Holder, _read, _Reply, _rewrite_call
+from ._reply import as_langchain, rest_of, tool_call_chunks
 from ._tools import normalize_tool_choice, normalize_tools
 
 __all__ = ["ChatAgentMem"]
@@ -253,13 +252,18 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         _rewrite_watch.check(pool, agent, messages, msgs)
         return plan_call(agent, msgs, sampling, pool.tool_format, kwargs)
 
-    def _message_fields(self, call: _Call, reply: _Reply, results: list[PoolResult]) -> dict[str, Any]:
+    def _runner(self) -> CallRunner:
+        """The protocol's runner on this model's pool (its agents' turns shared process-wide)."""
+        return CallRunner(self.get_pool())
+
+    def _message_fields(self, outcome: CallOutcome) -> dict[str, Any]:
+        results = outcome.all_results  # a write-back counts: the agent's KV got it
         first, last = results[0], results[-1]
         meta: dict[str, Any] = {
             "model_name": self.resolved_model_name(),
             "model_provider": "agentmem",
             "finish_reason": last.finish_reason,
-            "agent_id": call.agent_id,
+            "agent_id": outcome.plan.agent_id,
             "kv": first.kv,
             "timings": timings_dict(first),
         }
@@ -267,7 +271,24 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             meta["retried_with_grammar"] = True
         return {"usage_metadata": usage_dict(results), "response_metadata": meta}
 
+    def _message(self, outcome: CallOutcome) -> ChatResult:
+        reply = as_langchain(outcome.plan, outcome.reply)
+        message = AIMessage(content=reply.content, tool_calls=reply.tool_calls,
+                            invalid_tool_calls=reply.invalid_tool_calls, **self._message_fields(outcome))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _final_chunk(self, outcome: CallOutcome) -> ChatGenerationChunk:
+        reply = as_langchain(outcome.plan, outcome.reply)
+        msg = AIMessageChunk(
+            content=rest_of(outcome, reply),
+            tool_call_chunks=tool_call_chunks(reply),  # type: ignore[arg-type]
+            chunk_position="last",
+            **self._message_fields(outcome),
+        )
+        return ChatGenerationChunk(message=msg)
+
     # ------------------------------------------------------------------ LangChain hooks
+    # Each hook runs the one protocol (`agentmem.calls`): plan, generate, read, retry, write back.
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -275,26 +296,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        call = self._prepare(messages, stop, kwargs)
-        pool = self.get_pool()
-        with agent_lock(pool, call.agent_id):
-            results = [pool.chat(call.agent_id, call.pool_messages(), **call.sampling)]
-            reply = _read(call, results[0].text)
-            if reply.retry:
-                assert call.forced is not None
-                call = call.forced()
-                results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
-                reply = _read(call, results[-1].text)
-            if reply.rewrite is not None:
-                agent, msgs, kw = _rewrite_call(call, reply)
-                results.append(pool.chat(agent, msgs, **kw))
-        message = AIMessage(
-            content=reply.content,
-            tool_calls=reply.tool_calls,
-            invalid_tool_calls=reply.invalid_tool_calls,
-            **self._message_fields(call, reply, results),
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return self._message(self._runner().collect(self._prepare(messages, stop, kwargs)))
 
     async def _agenerate(
         self,
@@ -303,43 +305,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        call = self._prepare(messages, stop, kwargs)
-        pool = self.get_pool()
-        async with async_agent_lock(pool, call.agent_id):
-            results = [await pool.achat(call.agent_id, call.pool_messages(), **call.sampling)]
-            reply = _read(call, results[0].text)
-            if reply.retry:
-                assert call.forced is not None
-                call = call.forced()
-                results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
-                reply = _read(call, results[-1].text)
-            if reply.rewrite is not None:
-                agent, msgs, kw = _rewrite_call(call, reply)
-                results.append(await pool.achat(agent, msgs, **kw))
-        message = AIMessage(
-            content=reply.content,
-            tool_calls=reply.tool_calls,
-            invalid_tool_calls=reply.invalid_tool_calls,
-            **self._message_fields(call, reply, results),
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _final_chunk(self, call: _Call, reply: _Reply, results: list[PoolResult], content: str) -> ChatGenerationChunk:
-        tool_call_chunks = [
-            {"name": tc["name"], "args": json.dumps(tc["args"], ensure_ascii=False), "id": tc["id"], "index": i, "type": "tool_call_chunk"}
-            for i, tc in enumerate(reply.tool_calls)
-        ]
-        tool_call_chunks += [
-            {"name": tc.get("name"), "args": tc.get("args"), "id": tc.get("id"), "index": len(tool_call_chunks) + i, "type": "tool_call_chunk"}
-            for i, tc in enumerate(reply.invalid_tool_calls)
-        ]
-        msg = AIMessageChunk(
-            content=content,
-            tool_call_chunks=tool_call_chunks,  # type: ignore[arg-type]
-            chunk_position="last",
-            **self._message_fields(call, reply, results),
-        )
-        return ChatGenerationChunk(message=msg)
+        return self._message(await self._runner().acollect(self._prepare(messages, stop, kwargs)))
 
     def _stream(
         self,
@@ -349,36 +315,14 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, kwargs)
-        pool = self.get_pool()
-        holder = _Holder(call)
-
-        def emit(text: str) -> ChatGenerationChunk:
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=text))
+        for kind, value in self._runner().run(call):
+            if kind == "done":
+                yield self._final_chunk(value)  # type: ignore[arg-type]
+                continue
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
             if run_manager:
-                run_manager.on_llm_new_token(text, chunk=chunk)
-            return chunk
-
-        with agent_lock(pool, call.agent_id):
-            if call.mode == "json" and call.prefix:
-                yield emit(call.prefix)
-            stream = pool.chat_stream(call.agent_id, call.pool_messages(), **call.sampling)
-            with contextlib.closing(stream):
-                for piece in stream:
-                    shown = holder.push(piece)
-                    if shown:
-                        yield emit(shown)
-            assert stream.result is not None
-            results = [stream.result]
-            reply = _read(call, results[0].text)
-            if reply.retry:
-                assert call.forced is not None
-                call = call.forced()
-                results.append(pool.chat(call.agent_id, call.pool_messages(), **call.sampling))
-                reply = _read(call, results[-1].text)
-            if reply.rewrite is not None:
-                agent, msgs, kw = _rewrite_call(call, reply)
-                results.append(pool.chat(agent, msgs, **kw))
-        yield self._final_chunk(call, reply, results, holder.rest(reply))
+                run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+            yield chunk
 
     async def _astream(
         self,
@@ -388,37 +332,12 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, kwargs)
-        pool = self.get_pool()
-        holder = _Holder(call)
-
-        async def emit(text: str) -> ChatGenerationChunk:
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=text))
-            if run_manager:
-                await run_manager.on_llm_new_token(text, chunk=chunk)
-            return chunk
-
-        async with async_agent_lock(pool, call.agent_id):
-            if call.mode == "json" and call.prefix:
-                yield await emit(call.prefix)
-            result: PoolResult | None = None
-            async with contextlib.aclosing(pool.achat_stream(call.agent_id, call.pool_messages(), **call.sampling)) as items:
-                async for item in items:
-                    if isinstance(item, PoolResult):
-                        result = item
-                        continue
-                    shown = holder.push(item)
-                    if shown:
-                        yield await emit(shown)
-            assert result is not None
-            results = [result]
-            reply = _read(call, result.text)
-            if reply.retry:
-                assert call.forced is not None
-                call = call.forced()
-                results.append(await pool.achat(call.agent_id, call.pool_messages(), **call.sampling))
-                reply = _read(call, results[-1].text)
-            if reply.rewrite is not None:
-                agent, msgs, kw = _rewrite_call(call, reply)
-                results.append(await pool.achat(agent, msgs, **kw))
-        yield self._final_chunk(call, reply, results, holder.rest(reply))
-
+        async with contextlib.aclosing(self._runner().arun(call)) as events:
+            async for kind, value in events:
+                if kind == "done":
+                    yield self._final_chunk(value)  # type: ignore[arg-type]
+                    continue
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
+                if run_manager:
+                    await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                yield chunk

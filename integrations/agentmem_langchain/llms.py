@@ -11,7 +11,9 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from agentmem import ChatResult as PoolResult
 
-from ._common import AgentMemFields, agent_lock, async_agent_lock, timings_dict, usage_dict
+from agentmem.calls import CallPlan, CallRunner
+
+from ._common import AgentMemFields, timings_dict, usage_dict
 
 __all__ = ["AgentMemLLM"]
 
@@ -82,6 +84,11 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         )
 
     # ------------------------------------------------------------------ LangChain hooks
+    # Each hook runs a completion plan through the one protocol's runner (`agentmem.calls`).
+    def _plans(self, prompts: list[str], stop: list[str] | None, kwargs: dict[str, Any]) -> list[CallPlan]:
+        agent, sampling = self._options(stop, kwargs)
+        return [CallPlan(agent, None, prompt, sampling) for prompt in prompts]
+
     def _generate(
         self,
         prompts: list[str],
@@ -89,22 +96,16 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        agent, sampling = self._options(stop, kwargs)
-        pool = self.get_pool()
+        plans = self._plans(prompts, stop, kwargs)
+        runner = CallRunner(self.get_pool())
         results: list[PoolResult] = []
-        for prompt in prompts:
-            with agent_lock(pool, agent):
-                if self.streaming:
-                    stream = pool.complete_stream(agent, prompt, **sampling)
-                    with contextlib.closing(stream):
-                        for piece in stream:
-                            if run_manager:
-                                run_manager.on_llm_new_token(piece, chunk=GenerationChunk(text=piece))
-                    assert stream.result is not None
-                    results.append(stream.result)
-                else:
-                    results.append(pool.complete(agent, prompt, **sampling))
-        return self._result(agent, results)
+        for plan in plans:
+            for kind, value in runner.run(plan):
+                if kind == "done":
+                    results.append(value.results[-1])  # type: ignore[union-attr]
+                elif run_manager and self.streaming:
+                    run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
+        return self._result(plans[0].agent_id if plans else self.agent_id, results)
 
     async def _agenerate(
         self,
@@ -113,21 +114,16 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        agent, sampling = self._options(stop, kwargs)
-        pool = self.get_pool()
+        plans = self._plans(prompts, stop, kwargs)
+        runner = CallRunner(self.get_pool())
         results: list[PoolResult] = []
-        for prompt in prompts:
-            async with async_agent_lock(pool, agent):
-                if self.streaming:
-                    async with contextlib.aclosing(pool.acomplete_stream(agent, prompt, **sampling)) as items:
-                        async for item in items:
-                            if isinstance(item, PoolResult):
-                                results.append(item)
-                            elif run_manager:
-                                await run_manager.on_llm_new_token(item, chunk=GenerationChunk(text=item))
-                else:
-                    results.append(await pool.acomplete(agent, prompt, **sampling))
-        return self._result(agent, results)
+        for plan in plans:
+            async for kind, value in runner.arun(plan):
+                if kind == "done":
+                    results.append(value.results[-1])  # type: ignore[union-attr]
+                elif run_manager and self.streaming:
+                    await run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
+        return self._result(plans[0].agent_id if plans else self.agent_id, results)
 
     def _stream(
         self,
@@ -136,19 +132,15 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        agent, sampling = self._options(stop, kwargs)
-        pool = self.get_pool()
-        with agent_lock(pool, agent):
-            stream = pool.complete_stream(agent, prompt, **sampling)
-            with contextlib.closing(stream):
-                for piece in stream:
-                    chunk = GenerationChunk(text=piece)
-                    if run_manager:
-                        run_manager.on_llm_new_token(piece, chunk=chunk)
-                    yield chunk
-            assert stream.result is not None
-            result = stream.result
-        yield GenerationChunk(text="", generation_info=self._info(agent, result))
+        (plan,) = self._plans([prompt], stop, kwargs)
+        for kind, value in CallRunner(self.get_pool()).run(plan):
+            if kind == "done":
+                yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1]))  # type: ignore[union-attr]
+                continue
+            chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
+            if run_manager:
+                run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+            yield chunk
 
     async def _astream(
         self,
@@ -157,18 +149,13 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        agent, sampling = self._options(stop, kwargs)
-        pool = self.get_pool()
-        result: PoolResult | None = None
-        async with async_agent_lock(pool, agent):
-            async with contextlib.aclosing(pool.acomplete_stream(agent, prompt, **sampling)) as items:
-                async for item in items:
-                    if isinstance(item, PoolResult):
-                        result = item
-                        continue
-                    chunk = GenerationChunk(text=item)
-                    if run_manager:
-                        await run_manager.on_llm_new_token(item, chunk=chunk)
-                    yield chunk
-        assert result is not None
-        yield GenerationChunk(text="", generation_info=self._info(agent, result))
+        (plan,) = self._plans([prompt], stop, kwargs)
+        async with contextlib.aclosing(CallRunner(self.get_pool()).arun(plan)) as events:
+            async for kind, value in events:
+                if kind == "done":
+                    yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1]))  # type: ignore[union-attr]
+                    continue
+                chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
+                if run_manager:
+                    await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                yield chunk

@@ -146,25 +146,14 @@ def test_langchain_and_the_server_pass_a_native_forced_prefix_as_the_opening() -
 
 def test_autogen_passes_a_native_forced_prefix_as_the_opening() -> None:
     pytest.importorskip("autogen_core")
-    import asyncio
+    from agentmem_autogen._plan import plan_call
 
-    from agentmem_autogen._execute import pool_stream
-
-    seen: dict[str, Any] = {}
-
-    class Pool:
-        async def achat_stream(self, agent_id: str, msgs: Any, **kw: Any) -> Any:
-            seen.update(msgs=msgs, **kw)
-            yield "x"
-
-    plan = SimpleNamespace(sampling={}, messages=[{"role": "user", "content": "hi"}], agent_id="a", fmt=HERMES)
-
-    async def go() -> None:
-        async for _ in pool_stream(Pool(), plan, "root ::= \"x\"", "<tool_call>\n{", None):  # type: ignore[arg-type]
-            pass
-
-    asyncio.run(go())
-    assert seen["opening"] == "<tool_call>\n{" and seen["msgs"] == plan.messages
+    msgs = [{"role": "user", "content": "hi"}]
+    schema = {"name": "get_weather", "description": "", "parameters": CITY[0]["parameters"]}
+    plan = plan_call("a", msgs, {}, [schema], [schema], HERMES, "required", None,
+                     parallel=False, force_tools=False, speaker_selection=False)
+    assert plan.mode == "tools" and plan.prefix.startswith("<tool_call>")
+    assert plan.sampling["opening"] == plan.prefix and plan.pool_messages() == msgs
 
 
 # --------------------------------------------------------------------------- end to end on a tiny model

@@ -40,7 +40,7 @@ from agentmem_langchain import AgentMemLLM, ChatAgentMem, close_shared_pools, sh
 from agentmem.tools import integer_range, schema_grammar, split_forced_prefix, tool_call_grammar  # noqa: E402
 from agentmem_langchain._messages import to_pool_messages  # noqa: E402
 from agentmem_langchain._tools import normalize_tool_choice, parse_tool_calls  # noqa: E402
-from agentmem_langchain._plan import _Call  # noqa: E402
+from agentmem_langchain._plan import _Call  # noqa: E402  (agentmem.calls.CallPlan)
 from agentmem_langchain._reply import _Holder, _read  # noqa: E402
 
 # n_threads=1: the tiny model decodes in microseconds; more threads only add
@@ -372,8 +372,8 @@ def test_tool_choice_none_never_parses_calls(chat: ChatAgentMem) -> None:
 
 
 def _auto_call() -> _Call:
-    forced = _Call("a", [], {}, "tools", '{"tool_calls": [', ("add",))
-    return _Call("a", [], {}, "auto", "", ("add",), forced=lambda: forced)
+    forced = _Call("a", [], sampling={}, mode="tools", prefix='{"tool_calls": [', tool_names=("add",))
+    return _Call("a", [], sampling={}, mode="auto", tool_names=("add",), forced=lambda: forced)
 
 
 def test_auto_mode_reads_text_calls_and_retries_broken_calls() -> None:

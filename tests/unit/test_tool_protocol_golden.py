@@ -280,8 +280,9 @@ def _ag_render(
     plan = client._plan(msgs, tools, tool_choice, json_output, {})
     system = plan.messages[0]["content"]
     out = [(system, plan.prefix or "", plan.grammar or "")]
-    if plan.retry is not None:
-        out.append((system, plan.retry[0], plan.retry[1]))
+    if plan.forced is not None:  # auto mode: the redo under the grammar
+        redo = plan.forced()
+        out.append((system, redo.prefix, redo.grammar or ""))
     return out
 
 

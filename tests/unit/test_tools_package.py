@@ -54,10 +54,10 @@ def test_public_api_is_pinned() -> None:
 
 def test_no_agent_framework_is_imported() -> None:
     code = (
-        "import sys, agentmem.tools; "
+        "import sys, agentmem.tools, agentmem.tools.recall; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('langchain_core', 'langchain', 'autogen_core', 'autogen_agentchat', "
-        "'agentmem_langchain', 'agentmem_autogen')); "
+        "'agentmem_langchain', 'agentmem_autogen', 'agent_framework', 'agentmem_maf')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
