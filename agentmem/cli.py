@@ -32,21 +32,16 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
-import re
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from agentmem.errors import AgentMemError, ConfigError, UnknownAgentError
+from agentmem.errors import ConfigError, UnknownAgentError
+from agentmem.server.command import EXIT_ERROR, EXIT_OK, SERVE_DESCRIPTION, SERVE_HELP, Handler, run_handler
 
 __all__ = ["COMMANDS", "build_parser", "human_bytes", "main"]
-
-EXIT_OK = 0
-EXIT_ERROR = 2
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -331,11 +326,7 @@ def _add_serve_command(sub: argparse._SubParsersAction) -> None:
     # agentmem.server.cli imports no optional dependency; its handler says what to install.
     from agentmem.server.cli import add_arguments, run_args
 
-    p = sub.add_parser(
-        "serve",
-        help="OpenAI-compatible HTTP server where every agent keeps its KV memory",
-        description="OpenAI-compatible HTTP server over one MemoryPool (see docs/server.md).",
-    )
+    p = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_DESCRIPTION)
     add_arguments(p)
     p.set_defaults(handler=run_args)
 
@@ -382,15 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    try:
-        return handler(args)
-    except (AgentMemError, OSError) as exc:
-        # one line, even when the message quotes a (corrupt) schema's SQL across lines
-        print("agentmem: error: " + re.sub(r"\s*\n\s*", " ", str(exc)).strip(), file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("agentmem: interrupted", file=sys.stderr)
-        return 130
+    return run_handler(handler, args)  # errors: one line on stderr, status 2 (agentmem.server.command)
 
 
 if __name__ == "__main__":  # pragma: no cover
