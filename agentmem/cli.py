@@ -32,21 +32,19 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
-import re
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from agentmem.errors import AgentMemError, ConfigError, UnknownAgentError
+from agentmem.errors import ConfigError, UnknownAgentError
+from agentmem.server.command import EXIT_ERROR, EXIT_OK, SERVE_DESCRIPTION, SERVE_HELP, Handler, run_handler
+
+if TYPE_CHECKING:  # the archive is imported on use, so `agentmem --help` stays fast
+    from agentmem.archive.records import AgentRecord, EventRecord, LedgerRecord, StateInfo
 
 __all__ = ["COMMANDS", "build_parser", "human_bytes", "main"]
-
-EXIT_OK = 0
-EXIT_ERROR = 2
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -172,58 +170,82 @@ def _archive_show(args: argparse.Namespace) -> int:
         events = arc.events(args.agent, limit=args.events)
         n_evicted = len(arc.list_evicted(args.agent))
     if args.json:
-        out = {
-            "agent": dataclasses.asdict(agent),
-            "ledger": None
-            if ledger is None
-            else {
-                "n_tokens": ledger.n_tokens,
-                "regions": ledger.regions,
-                "n_messages": None if ledger.messages is None else len(ledger.messages),
-            },
-            "state": None if state is None else dataclasses.asdict(state),
-            "evicted_spans": n_evicted,
-            "events": [dataclasses.asdict(e) for e in events],
-        }
-        print(json.dumps(out, indent=2, default=str))
+        print(json.dumps(_show_json(agent, ledger, state, n_evicted, events), indent=2, default=str))
         return EXIT_OK
+    _print_agent(agent)
+    print()
+    _print_ledger(ledger)
+    print(f"evicted   {n_evicted} span(s) archived")
+    _print_state(state)
+    print()
+    _print_events(events)
+    return EXIT_OK
+
+
+def _show_json(
+    agent: AgentRecord, ledger: LedgerRecord | None, state: StateInfo | None, n_evicted: int,
+    events: Sequence[EventRecord],
+) -> dict[str, Any]:
+    """`archive show --json`: the agent's record, a ledger summary, its state, evicted spans and events."""
+    return {
+        "agent": dataclasses.asdict(agent),
+        "ledger": None
+        if ledger is None
+        else {
+            "n_tokens": ledger.n_tokens,
+            "regions": ledger.regions,
+            "n_messages": None if ledger.messages is None else len(ledger.messages),
+        },
+        "state": None if state is None else dataclasses.asdict(state),
+        "evicted_spans": n_evicted,
+        "events": [dataclasses.asdict(e) for e in events],
+    }
+
+
+def _print_agent(agent: AgentRecord) -> None:
     print(f"agent     {agent.agent_id}")
     print(f"priority  {agent.priority}")
     print(f"labels    {json.dumps(agent.labels, ensure_ascii=False)}")
     print(f"created   {_when(agent.created)}")
     print(f"updated   {_when(agent.updated)}")
-    print()
+
+
+def _print_ledger(ledger: LedgerRecord | None) -> None:
+    """The ledger's size and its spans counted per region."""
     if ledger is None:
         print("ledger    none")
-    else:
-        n_msgs = "-" if ledger.messages is None else len(ledger.messages)
-        print(f"ledger    {ledger.n_tokens} tokens, {len(ledger.regions)} spans, {n_msgs} messages")
-        spans: Counter[str] = Counter()
-        tokens: Counter[str] = Counter()
-        for start, end, region, _flags in ledger.regions:
-            spans[region] += 1
-            tokens[region] += end - start
-        if spans:
-            rows = [(r, spans[r], tokens[r]) for r in sorted(spans)]
-            print(_indent(_table(("REGION", "SPANS", "TOKENS"), rows, {1, 2})))
-    print(f"evicted   {n_evicted} span(s) archived")
+        return
+    n_msgs = "-" if ledger.messages is None else len(ledger.messages)
+    print(f"ledger    {ledger.n_tokens} tokens, {len(ledger.regions)} spans, {n_msgs} messages")
+    spans: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    for start, end, region, _flags in ledger.regions:
+        spans[region] += 1
+        tokens[region] += end - start
+    if spans:
+        rows = [(r, spans[r], tokens[r]) for r in sorted(spans)]
+        print(_indent(_table(("REGION", "SPANS", "TOKENS"), rows, {1, 2})))
+
+
+def _print_state(state: StateInfo | None) -> None:
     if state is None:
         print("state     none")
-    else:
-        print(
-            f"state     {state.tier}, {state.codec}, {state.n_tokens} tokens, "
-            f"{human_bytes(state.n_bytes)}, stored {_when(state.created)}"
-        )
-        print(f"checksum  {state.checksum}")
-        print(f"fingerprint {json.dumps(state.fingerprint, sort_keys=True)}")
-    print()
+        return
+    print(
+        f"state     {state.tier}, {state.codec}, {state.n_tokens} tokens, "
+        f"{human_bytes(state.n_bytes)}, stored {_when(state.created)}"
+    )
+    print(f"checksum  {state.checksum}")
+    print(f"fingerprint {json.dumps(state.fingerprint, sort_keys=True)}")
+
+
+def _print_events(events: Sequence[EventRecord]) -> None:
     if not events:
         print("events    none")
-    else:
-        print(f"events    (newest {len(events)})")
-        event_rows = [(_when(e.ts), e.kind, json.dumps(e.data, ensure_ascii=False)) for e in events]
-        print(_indent(_table(("TIME", "KIND", "DATA"), event_rows, set())))
-    return EXIT_OK
+        return
+    print(f"events    (newest {len(events)})")
+    event_rows = [(_when(e.ts), e.kind, json.dumps(e.data, ensure_ascii=False)) for e in events]
+    print(_indent(_table(("TIME", "KIND", "DATA"), event_rows, set())))
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
@@ -331,11 +353,7 @@ def _add_serve_command(sub: argparse._SubParsersAction) -> None:
     # agentmem.server.cli imports no optional dependency; its handler says what to install.
     from agentmem.server.cli import add_arguments, run_args
 
-    p = sub.add_parser(
-        "serve",
-        help="OpenAI-compatible HTTP server where every agent keeps its KV memory",
-        description="OpenAI-compatible HTTP server over one MemoryPool (see docs/server.md).",
-    )
+    p = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_DESCRIPTION)
     add_arguments(p)
     p.set_defaults(handler=run_args)
 
@@ -382,15 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    try:
-        return handler(args)
-    except (AgentMemError, OSError) as exc:
-        # one line, even when the message quotes a (corrupt) schema's SQL across lines
-        print("agentmem: error: " + re.sub(r"\s*\n\s*", " ", str(exc)).strip(), file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("agentmem: interrupted", file=sys.stderr)
-        return 130
+    return run_handler(handler, args)  # errors: one line on stderr, status 2 (agentmem.server.command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,10 +26,7 @@ __all__ = ["MIGRATIONS", "PAYLOAD_SQL", "SCHEMA_VERSION", "TABLES", "migrate"]
 logger = logging.getLogger(__name__)
 
 
-def _v1_initial(db: Database) -> None:
-    """Version 1: every table of the archive."""
-    db.executescript(
-        """
+_V1_AGENTS = """
         CREATE TABLE meta (
             key   TEXT PRIMARY KEY,
             value TEXT NOT NULL
@@ -52,6 +49,10 @@ def _v1_initial(db: Database) -> None:
             messages TEXT,                 -- JSON list of message dicts, or NULL
             tokens   BLOB NOT NULL         -- int32 little-endian
         );
+"""
+"""Version 1: meta, agents and their ledgers (token lists, spans, messages)."""
+
+_V1_STATES = """
         CREATE TABLE states (
             agent_id    TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
             tier        TEXT NOT NULL,
@@ -63,6 +64,10 @@ def _v1_initial(db: Database) -> None:
             created     REAL NOT NULL,
             blob        BLOB NOT NULL
         );
+"""
+"""Version 1: one KV state per agent."""
+
+_V1_HISTORY = """
         CREATE TABLE events (
             id       INTEGER PRIMARY KEY,
             ts       REAL NOT NULL,
@@ -80,6 +85,10 @@ def _v1_initial(db: Database) -> None:
             ts       REAL NOT NULL
         );
         CREATE INDEX evicted_spans_agent ON evicted_spans(agent_id, id);
+"""
+"""Version 1: what happened to an agent, and the text evicted from its context."""
+
+_V1_SHARED_BLOCKS = """
         CREATE TABLE shared_blocks (
             id          TEXT PRIMARY KEY,
             refcount    INTEGER NOT NULL DEFAULT 0 CHECK (refcount >= 0),
@@ -91,8 +100,13 @@ def _v1_initial(db: Database) -> None:
             updated     REAL NOT NULL,
             blob        BLOB NOT NULL
         );
-        """
-    )
+"""
+"""Version 1: shared KV prefixes, stored once."""
+
+
+def _v1_initial(db: Database) -> None:
+    """Version 1: every table of the archive."""
+    db.executescript(_V1_AGENTS + _V1_STATES + _V1_HISTORY + _V1_SHARED_BLOCKS)
 
 
 def _v2_event_indexes(db: Database) -> None:

@@ -75,6 +75,20 @@ class StatesMixin(ArchiveCore):
         """
         if (block_id is None) != (layout is None):
             raise TypeError("block_id and layout go together")
+        info, fp_json, buf = self._checked_state(agent_id, blob, codec, n_tokens, fingerprint, tier, block_id)
+        with self._writing("put_state", fence=fence, agent_id=agent_id) as db:
+            self._touch_agent(db, agent_id, info.created)
+            self._upsert_state(db, info, fp_json, buf)
+            db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
+            self._link_block(db, agent_id, block_id, layout)
+        return info
+
+    @staticmethod
+    def _checked_state(
+        agent_id: str, blob: BlobLike, codec: str, n_tokens: int, fingerprint: Mapping[str, Any],
+        tier: str, block_id: str | None,
+    ) -> tuple[StateInfo, str, Any]:
+        """`put_state`'s arguments checked: `(info, fingerprint JSON, the blob as a buffer)`."""
         _check_agent_id(agent_id)
         if not isinstance(codec, str) or not codec:
             raise TypeError(f"codec must be a non-empty str, not {codec!r}")
@@ -95,36 +109,41 @@ class StatesMixin(ArchiveCore):
             fingerprint=fp,
             created=time.time(),
         )
-        with self._writing("put_state", fence=fence, agent_id=agent_id) as db:
-            self._touch_agent(db, agent_id, info.created)
+        return info, fp_json, buf
+
+    @staticmethod
+    def _upsert_state(db: Any, info: StateInfo, fp_json: str, buf: Any) -> None:
+        """Insert or replace the agent's `states` row."""
+        db.execute(
+            "INSERT INTO states(agent_id, tier, codec, n_tokens, n_bytes, checksum, "
+            "fingerprint, blob, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(agent_id) DO UPDATE SET tier = excluded.tier, codec = excluded.codec, "
+            "n_tokens = excluded.n_tokens, n_bytes = excluded.n_bytes, "
+            "checksum = excluded.checksum, fingerprint = excluded.fingerprint, "
+            "blob = excluded.blob, created = excluded.created",
+            [info.agent_id, info.tier, info.codec, info.n_tokens, info.n_bytes, info.checksum, fp_json, buf,
+             info.created],
+        )
+
+    def _link_block(self, db: Any, agent_id: str, block_id: str | None, layout: BlobLike | None) -> None:
+        """Point the agent's state at `block_id` with its `layout` (or at no block), in the open transaction."""
+        # the row lock keeps another replica's unref from dropping the block before our reference lands
+        if block_id is not None and db.execute(
+            f"SELECT 1 FROM shared_blocks WHERE id = ?{self._FOR_UPDATE}", [block_id]
+        ).fetchone() is None:
+            raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
+        old = db.execute("SELECT block_id FROM state_blocks WHERE agent_id = ?", [agent_id]).fetchone()
+        if block_id is not None and old is not None and old[0] == block_id:
+            # same block: update in place; deleting the reference first would let the
+            # unref trigger drop a block this state was its only archived reference to
+            db.execute("UPDATE state_blocks SET layout = ? WHERE agent_id = ?", [_as_buffer(layout), agent_id])
+            return
+        db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
+        if block_id is not None:
             db.execute(
-                "INSERT INTO states(agent_id, tier, codec, n_tokens, n_bytes, checksum, "
-                "fingerprint, blob, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(agent_id) DO UPDATE SET tier = excluded.tier, codec = excluded.codec, "
-                "n_tokens = excluded.n_tokens, n_bytes = excluded.n_bytes, "
-                "checksum = excluded.checksum, fingerprint = excluded.fingerprint, "
-                "blob = excluded.blob, created = excluded.created",
-                [agent_id, tier, codec, n_tokens, info.n_bytes, info.checksum, fp_json, buf, info.created],
+                "INSERT INTO state_blocks(agent_id, block_id, layout) VALUES (?, ?, ?)",
+                [agent_id, block_id, _as_buffer(layout)],
             )
-            db.execute("DELETE FROM state_checkpoints WHERE agent_id = ?", [agent_id])  # it belonged to the old state
-            # the row lock keeps another replica's unref from dropping the block before our reference lands
-            if block_id is not None and db.execute(
-                f"SELECT 1 FROM shared_blocks WHERE id = ?{self._FOR_UPDATE}", [block_id]
-            ).fetchone() is None:
-                raise ArchiveError(f"{self.path}: no shared block {block_id!r} (put_shared_block first)")
-            old = db.execute("SELECT block_id FROM state_blocks WHERE agent_id = ?", [agent_id]).fetchone()
-            if block_id is not None and old is not None and old[0] == block_id:
-                # same block: update in place; deleting the reference first would let the
-                # unref trigger drop a block this state was its only archived reference to
-                db.execute("UPDATE state_blocks SET layout = ? WHERE agent_id = ?", [_as_buffer(layout), agent_id])
-            else:
-                db.execute("DELETE FROM state_blocks WHERE agent_id = ?", [agent_id])
-                if block_id is not None:
-                    db.execute(
-                        "INSERT INTO state_blocks(agent_id, block_id, layout) VALUES (?, ?, ?)",
-                        [agent_id, block_id, _as_buffer(layout)],
-                    )
-        return info
 
     _STATE_COLUMNS = "agent_id, tier, codec, n_tokens, n_bytes, checksum, fingerprint, created"
 

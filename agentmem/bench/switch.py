@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,6 +78,31 @@ def _summary(xs: list[float]) -> dict[str, float]:
     return {"median_ms": 1e3 * statistics.median(xs), "p95_ms": 1e3 * _pct(xs, 0.95), "n": len(xs)}
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What every variant runs: the model, its settings and the calls, as identical token lists.
+
+    Attributes:
+        path: the GGUF file.
+        n_ctx: context of one agent (a plain `Llama`).
+        pool_n_ctx: context of the pools, `n_ctx` per agent.
+        n_threads: CPU threads of every variant.
+        max_tokens: tokens generated per call.
+        history_tokens: each agent's history length in tokens.
+        warm: one warm-up call per agent, `(agent, tokens, messages)`.
+        schedule: the measured calls in order, `(agent, tokens, messages)`.
+    """
+
+    path: str
+    n_ctx: int
+    pool_n_ctx: int
+    n_threads: int
+    max_tokens: int
+    history_tokens: dict[str, int]
+    warm: list[tuple[str, list[int], list[dict]]]
+    schedule: list[tuple[str, list[int], list[dict]]]
+
+
 def run(
     *,
     n_agents: int = 4,
@@ -93,9 +119,6 @@ def run(
     `n_threads=0` is resolved once here (`default_threads`), so every variant,
     agentmem's and llama-cpp-python's, runs with the same count.
     """
-    from llama_cpp import Llama, LlamaRAMCache
-
-    from agentmem import MemoryPool
     from agentmem.engine.threads import default_threads
     from agentmem.model import resolve_model_path
 
@@ -103,110 +126,27 @@ def run(
     path = str(resolve_model_path(model_path))
     load_before = os.getloadavg()
     n_ctx = max(4096, history_tokens + rounds * 120 + 512)
-    pool_ctx = n_ctx * n_agents
-
-    log = say
-
-    # One renderer for everyone, so every variant sees identical token lists.
-    with MemoryPool(path, n_ctx=n_ctx, resident_agents=1, n_threads=n_threads) as tmp:
-        hist = build_histories(n_agents, history_tokens, tmp.count_tokens)
-        renderer_tokens = lambda m: tmp.renderer.render(m).tokens  # noqa: E731
-        agents = list(hist)
-        # the conversation each agent will see per round (replies fixed, so all variants match)
-        schedule: list[tuple[str, list[int], list[dict]]] = []
-        convo = {a: list(h) for a, h in hist.items()}
-        warm = [(a, renderer_tokens(convo[a] + [{"role": "user", "content": "Ready?"}]), convo[a] + [{"role": "user", "content": "Ready?"}]) for a in agents]
-        # the conversation goes on from the warm-up turn (append-only, as in a real app); the
-        # assistant replies are re-sent as fixed text, so each switch also rolls back the reply
-        for a in agents:
-            convo[a] = convo[a] + [{"role": "user", "content": "Ready?"}, {"role": "assistant", "content": "Ready."}]
-        for r in range(rounds):
-            for a in agents:
-                convo[a] = convo[a] + [{"role": "user", "content": f"New item {r}: anything to add?"}]
-                schedule.append((a, renderer_tokens(convo[a]), list(convo[a])))
-                convo[a] = convo[a] + [{"role": "assistant", "content": "Nothing new, continue."}]
-        hist_sizes = {a: len(renderer_tokens(h)) for a, h in hist.items()}
-    log(f"model {Path(path).name}; {n_agents} agents, history tokens {hist_sizes}; {rounds} rounds, max_tokens={max_tokens}")
-
-    results: dict[str, Any] = {}
-
-    def llama_variant(name: str, use_cache: bool) -> None:
-        llm = Llama(path, n_ctx=n_ctx, n_batch=512, verbose=False, seed=0, n_threads=n_threads, n_threads_batch=n_threads)
-        if use_cache:
-            llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
-
-        def call(tokens: list[int]) -> float:
-            t0 = time.perf_counter()
-            ttft = None
-            for _ in llm.create_completion(tokens, max_tokens=max_tokens, temperature=0.0, stream=True):
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-            return ttft if ttft is not None else time.perf_counter() - t0
-
-        for a, toks, _ in warm:
-            call(toks)
-        xs = []
-        for a, toks, _ in schedule:
-            xs.append(call(toks))
-        llm.close()
-        results[name] = _summary(xs) | {"ttft_s": xs}
-        log(f"  {name:10s} median {results[name]['median_ms']:8.1f} ms   p95 {results[name]['p95_ms']:8.1f} ms")
-
-    def pool_variant(name: str, resident: int) -> None:
-        with MemoryPool(path, n_ctx=pool_ctx, resident_agents=resident, n_threads=n_threads, prefetch=False) as pool:
-            for a, _, msgs in warm:
-                pool.chat(a, msgs, max_tokens=max_tokens)
-            xs, kv, restore = [], [], []
-            for a, _, msgs in schedule:
-                r = pool.chat(a, msgs, max_tokens=max_tokens)
-                xs.append(r.timings.ttft_s)
-                kv.append(r.kv)
-                restore.append(r.timings.restore_s)
-            st = pool.stats()["totals"]
-        results[name] = _summary(xs) | {
-            "ttft_s": xs,
-            "kv": {k: kv.count(k) for k in set(kv)},
-            "restore_median_ms": 1e3 * statistics.median(restore),
-            "restores": st["restores"],
-            "parks": st["parks"],
-        }
-        log(
-            f"  {name:10s} median {results[name]['median_ms']:8.1f} ms   p95 {results[name]['p95_ms']:8.1f} ms   "
-            f"kv={results[name]['kv']} restore median {results[name]['restore_median_ms']:.2f} ms"
-        )
-
-    runners = {
-        "llama": lambda: llama_variant("llama", False),
-        "llama+ram": lambda: llama_variant("llama+ram", True),
-        "agentmem": lambda: pool_variant("agentmem", max(1, n_agents // 2)),
-        "resident": lambda: pool_variant("resident", n_agents),
+    wl = build_workload(path, n_ctx, n_threads, n_agents, history_tokens, rounds, max_tokens)
+    say(f"model {Path(path).name}; {n_agents} agents, history tokens {wl.history_tokens}; "
+        f"{rounds} rounds, max_tokens={max_tokens}")
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "llama": lambda: llama_variant(wl, use_cache=False),
+        "llama+ram": lambda: llama_variant(wl, use_cache=True),
+        "agentmem": lambda: pool_variant(wl, resident=max(1, n_agents // 2)),
+        "resident": lambda: pool_variant(wl, resident=n_agents),
     }
+    results: dict[str, Any] = {}
     for v in variants:
-        log(f"running {v} ...")
-        runners[v]()
-
-    ratios: dict[str, float] = {}
-    if "agentmem" in results:
-        c = results["agentmem"]["median_ms"]
-        if "llama" in results:
-            ratios["llama / agentmem"] = results["llama"]["median_ms"] / c
-        if "llama+ram" in results:
-            ratios["llama+ram / agentmem"] = results["llama+ram"]["median_ms"] / c
-        if "resident" in results:
-            ratios["agentmem / resident"] = c / results["resident"]["median_ms"]
+        say(f"running {v} ...")
+        results[v] = runners[v]()
+        say(f"  {v:10s} " + _result_line(results[v]))
     report = {
         "benchmark": "switch",
-        "machine": {
-            "python": platform.python_version(),
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-            "n_threads": n_threads,
-        },
-        "config": {"n_agents": n_agents, "history_tokens": hist_sizes, "rounds": rounds, "max_tokens": max_tokens, "model": Path(path).name},
+        "machine": _machine(load_before, n_threads),
+        "config": {"n_agents": n_agents, "history_tokens": wl.history_tokens, "rounds": rounds,
+                   "max_tokens": max_tokens, "model": Path(path).name},
         "results": results,
-        "ratios": ratios,
+        "ratios": _ratios(results),
         "targets": {"llama / agentmem": ">= 20", "llama+ram / agentmem": ">= 10", "agentmem / resident": "<= 1.3"},
     }
     say("")
@@ -216,6 +156,113 @@ def run(
         out.write_text(json.dumps(report, indent=2))
         say(f"\nwrote {out}")
     return report
+
+
+def build_workload(
+    path: str, n_ctx: int, n_threads: int, n_agents: int, history_tokens: int, rounds: int, max_tokens: int
+) -> Workload:
+    """The histories, the warm-up calls and the measured schedule, rendered by one renderer for everyone."""
+    from agentmem import MemoryPool
+
+    with MemoryPool(path, n_ctx=n_ctx, resident_agents=1, n_threads=n_threads) as tmp:
+        hist = build_histories(n_agents, history_tokens, tmp.count_tokens)
+        renderer_tokens = lambda m: tmp.renderer.render(m).tokens  # noqa: E731
+        agents = list(hist)
+        # the conversation each agent will see per round (replies fixed, so all variants match)
+        schedule: list[tuple[str, list[int], list[dict]]] = []
+        convo = {a: list(h) for a, h in hist.items()}
+        ready = [{"role": "user", "content": "Ready?"}]
+        warm = [(a, renderer_tokens(convo[a] + ready), convo[a] + ready) for a in agents]
+        # the conversation goes on from the warm-up turn (append-only, as in a real app); the
+        # assistant replies are re-sent as fixed text, so each switch also rolls back the reply
+        for a in agents:
+            convo[a] = convo[a] + ready + [{"role": "assistant", "content": "Ready."}]
+        for r in range(rounds):
+            for a in agents:
+                convo[a] = convo[a] + [{"role": "user", "content": f"New item {r}: anything to add?"}]
+                schedule.append((a, renderer_tokens(convo[a]), list(convo[a])))
+                convo[a] = convo[a] + [{"role": "assistant", "content": "Nothing new, continue."}]
+        sizes = {a: len(renderer_tokens(h)) for a, h in hist.items()}
+    return Workload(path, n_ctx, n_ctx * n_agents, n_threads, max_tokens, sizes, warm, schedule)
+
+
+def llama_variant(wl: Workload, *, use_cache: bool) -> dict[str, Any]:
+    """TTFT of one plain llama-cpp-python `Llama` shared by all agents (with `LlamaRAMCache` if `use_cache`)."""
+    from llama_cpp import Llama, LlamaRAMCache
+
+    llm = Llama(wl.path, n_ctx=wl.n_ctx, n_batch=512, verbose=False, seed=0, n_threads=wl.n_threads,
+                n_threads_batch=wl.n_threads)
+    if use_cache:
+        llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
+
+    def call(tokens: list[int]) -> float:
+        t0 = time.perf_counter()
+        ttft = None
+        for _ in llm.create_completion(tokens, max_tokens=wl.max_tokens, temperature=0.0, stream=True):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+        return ttft if ttft is not None else time.perf_counter() - t0
+
+    for _a, toks, _ in wl.warm:
+        call(toks)
+    xs = [call(toks) for _a, toks, _ in wl.schedule]
+    llm.close()
+    return _summary(xs) | {"ttft_s": xs}
+
+
+def pool_variant(wl: Workload, *, resident: int) -> dict[str, Any]:
+    """TTFT, KV source and restore time of a `MemoryPool` with `resident` live sequences."""
+    from agentmem import MemoryPool
+
+    with MemoryPool(wl.path, n_ctx=wl.pool_n_ctx, resident_agents=resident, n_threads=wl.n_threads, prefetch=False) as pool:
+        for a, _, msgs in wl.warm:
+            pool.chat(a, msgs, max_tokens=wl.max_tokens)
+        xs, kv, restore = [], [], []
+        for a, _, msgs in wl.schedule:
+            r = pool.chat(a, msgs, max_tokens=wl.max_tokens)
+            xs.append(r.timings.ttft_s)
+            kv.append(r.kv)
+            restore.append(r.timings.restore_s)
+        st = pool.stats()["totals"]
+    return _summary(xs) | {
+        "ttft_s": xs,
+        "kv": {k: kv.count(k) for k in set(kv)},
+        "restore_median_ms": 1e3 * statistics.median(restore),
+        "restores": st["restores"],
+        "parks": st["parks"],
+    }
+
+
+def _result_line(r: dict[str, Any]) -> str:
+    line = f"median {r['median_ms']:8.1f} ms   p95 {r['p95_ms']:8.1f} ms"
+    if "restore_median_ms" in r:
+        line += f"   kv={r['kv']} restore median {r['restore_median_ms']:.2f} ms"
+    return line
+
+
+def _ratios(results: dict[str, Any]) -> dict[str, float]:
+    """The plain `Llama` variants over agentmem, and agentmem over the all-resident floor."""
+    ratios: dict[str, float] = {}
+    if "agentmem" in results:
+        c = results["agentmem"]["median_ms"]
+        if "llama" in results:
+            ratios["llama / agentmem"] = results["llama"]["median_ms"] / c
+        if "llama+ram" in results:
+            ratios["llama+ram / agentmem"] = results["llama+ram"]["median_ms"] / c
+        if "resident" in results:
+            ratios["agentmem / resident"] = c / results["resident"]["median_ms"]
+    return ratios
+
+
+def _machine(load_before: tuple[float, float, float], n_threads: int) -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "n_threads": n_threads,
+    }
 
 
 def markdown_table(report: dict[str, Any]) -> str:

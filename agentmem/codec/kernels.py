@@ -244,8 +244,11 @@ class NativeKernels:
 
 
 def _load_native() -> NativeKernels | None:
+    """The C extension's kernels, or `None` where it was not built (numpy is used then)."""
     try:
-        from agentmem import _native  # type: ignore[attr-defined]
+        # The extension module by its own name, not `from agentmem import _native`: the
+        # codec needs the C kernels (native/, the ground floor), nothing of the package face.
+        import agentmem._native as _native  # type: ignore[import-not-found]
     except ImportError as exc:
         logger.debug("agentmem._native not available (%s); using numpy kernels", exc)
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from agentmem.cli import main
+from agentmem.server.command import serve_main
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    sys.exit(serve_main(sys.argv[1:]))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, Sequence
 
 from autogen_core import AgentId, MessageHandlerContext
@@ -145,20 +146,25 @@ def follow(team: Any) -> Any:
         raise ValueError("follow() must be called before the team's first run")
     if getattr(team, "_agentmem_follows", False):
         raise ValueError("follow() was already called on this team")
+    tell = _speaker_teller(team, round_robin=isinstance(team, RoundRobinGroupChat))
+    _after_each_selection(team, tell)
+    team._agentmem_follows = True
+    return team
+
+
+def _speaker_teller(team: Any, *, round_robin: bool) -> Callable[[list[str] | str], Awaitable[None]]:
+    """The coroutine `follow` runs after each selection: `expect` the upcoming agents on their pools."""
     parts = _participant_ids(team)
     names = [n for n, _, _ in parts]
     selector = getattr(team, "_model_client", None)
     selector_id = selector.agent_id if _is_agentmem_client(selector) else None
-    round_robin = isinstance(team, RoundRobinGroupChat)
     # the team's own expected order on the pool (a selector's hints share its scope)
     scope = selector_id if selector_id is not None else f"autogen-team-{id(team):x}"
 
     async def tell(speakers: list[str] | str) -> None:
-        chosen = [speakers] if isinstance(speakers, str) else list(speakers)
-        if not chosen or chosen[0] not in names:
+        upcoming = _upcoming(names, speakers, round_robin=round_robin)
+        if not upcoming:
             return
-        i = names.index(chosen[0])
-        upcoming = names[i:] + names[:i] if round_robin else chosen
         by_pool: dict[int, tuple[MemoryPool, list[str]]] = {}
         for n in upcoming:
             _, pool, aid = parts[names.index(n)]
@@ -169,6 +175,21 @@ def follow(team: Any) -> Any:
         for pool, ids in by_pool.values():
             await _tell(pool, "expect", ids, soon=True, scope=scope)
 
+    return tell
+
+
+def _upcoming(names: list[str], speakers: list[str] | str, *, round_robin: bool) -> list[str]:
+    """The participants expected next: the turn order from the selected speaker on (round robin),
+    else the selected speakers; `[]` when the selection names no participant first."""
+    chosen = [speakers] if isinstance(speakers, str) else list(speakers)
+    if not chosen or chosen[0] not in names:
+        return []
+    i = names.index(chosen[0])
+    return names[i:] + names[:i] if round_robin else chosen
+
+
+def _after_each_selection(team: Any, tell: Callable[[list[str] | str], Awaitable[None]]) -> None:
+    """Make the team's group chat manager await `tell(speakers)` after each `select_speaker`."""
     make_factory = team._create_group_chat_manager_factory
 
     def patched_factory(*args: Any, **kw: Any) -> Any:
@@ -189,5 +210,3 @@ def follow(team: Any) -> Any:
         return factory
 
     team._create_group_chat_manager_factory = patched_factory
-    team._agentmem_follows = True
-    return team
