@@ -62,9 +62,13 @@ def test_a_side_request_without_tools_keeps_the_main_line(served: Served) -> Non
     main, s, n = _ext(answer), _ext(side), _ext(nxt)
     cached = nxt.usage.prompt_tokens_details.cached_tokens
     fraction = cached / answer.usage.prompt_tokens
-    logger.info("side request: main %s prompt %d; side %s (%s, %s); next %s (%s, %s) cached %d = %.3f",
-                main["agent_id"], answer.usage.prompt_tokens, s["agent_id"], s["line"], s["kv"],
-                n["agent_id"], n["line"], n["kv"], cached, fraction)
+    for name, r in (("call", call), ("answer", answer), ("side", side), ("next", nxt)):
+        e = _ext(r)
+        logger.info("side request: %-6s %s %s %s prompt %d cached %d ttft %.2f s", name, e["agent_id"], e["line"],
+                    e["kv"], r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens,
+                    e["timings"]["ttft_s"])
+    logger.info("side request: next call read %d of the previous prompt's %d = %.3f", cached,
+                answer.usage.prompt_tokens, fraction)
     assert s["agent_id"] != main["agent_id"], (s, main)
     assert n["agent_id"] == main["agent_id"] and n["line"] == "continued", (n, main)
     assert fraction >= 0.95, f"{cached=} of {answer.usage.prompt_tokens=}: {fraction=:.3f}"
