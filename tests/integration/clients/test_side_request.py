@@ -38,7 +38,7 @@ def test_a_side_request_without_tools_keeps_the_main_line(served: Served) -> Non
     The main line's next call must read >= 95 % of its previous prompt from kept KV (the
     side request may not overwrite it), and continue the same agent.
     """
-    client = openai.OpenAI(base_url=served.v1, api_key="x", max_retries=0, timeout=120.0)
+    client = openai.OpenAI(base_url=served.v1, api_key="x", max_retries=0, timeout=600.0)
     tools = [WEATHER_TOOL]
     msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                   {"role": "user", "content": "What is the weather in Paris?"}]
