@@ -1,6 +1,7 @@
 # agentmem — two commands on a fresh machine:
 #   make demo   set everything up, run a multi-agent team on the bundled instruct model
-#   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh), run the test suite
+#   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh; CrewAI's own venv,
+#               .venv-crewai: scripts/install_crewai.sh), run the test suite
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
 # 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
 # ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
@@ -29,6 +30,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/install_postgres.sh
 	bash scripts/install_nginx.sh
+	bash scripts/install_crewai.sh $(PYTHON)
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
