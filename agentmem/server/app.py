@@ -155,20 +155,16 @@ def create_app(
     own_pool: bool | None = None,
     replica: Any = None,
 ) -> FastAPI:
-    """The server app over one pool.
+    """The server app over one pool; `app.state.engine` is its `Engine`.
 
     Args:
-        pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless
-            `own_pool`), or a `PoolConfig` the app opens at startup and closes at shutdown
-            (with `archive_path`, the close checkpoints every agent and the next start
-            resumes them).
+        pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless `own_pool`), or a
+            `PoolConfig` the app opens at startup and closes at shutdown (with `archive_path`,
+            the close checkpoints every agent and the next start resumes them).
         settings: server settings (defaults: `ServerSettings()`).
         keys: API keys (default: none, an open server).
         own_pool: close a given pool at shutdown too.
         replica: cluster mode: the `agentmem.cluster.Replica` of the pool (its leases).
-
-    Returns:
-        A FastAPI app; `app.state.engine` is its `Engine`.
     """
     settings = settings or ServerSettings()
     keys = keys or KeyRing()

@@ -107,8 +107,7 @@ def plan_call(
     Args:
         agent: the agent id the call runs for.
         conv: the conversation as agentmem messages.
-        sampling: sampling options (defaults merged with the call's; `grammar` is
-            a user GBNF constraint); not modified.
+        sampling: sampling options (defaults merged with the call's; `grammar` is a user GBNF); not modified.
         schemas: the tools passed to this call.
         shown: the tools shown to the model (this call's, or those last shown to
             the agent, so the prompt and its KV prefix stay stable).
