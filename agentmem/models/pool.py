@@ -13,12 +13,12 @@ time (`benchmarks/models.py` measures it at scale):
 >>> from agentmem.models import ModelPool
 >>> team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"},  # doctest: +SKIP
 ...                  ram_budget_bytes=600 << 20, archive_dir="team-archive", n_ctx=2048, resident_agents=2)
->>> msgs = [{"role": "user", "content": "Name a colour."}]
+>>> msgs = [{"role": "user", "content": "Name a colour."}]  # the coder's call unloads the planner, and back
 >>> team.chat("plan", msgs, model="planner", max_tokens=4).kv  # doctest: +SKIP
 'prefilled'
->>> team.chat("code", msgs, model="coder", max_tokens=4).kv  # doctest: +SKIP   (planner unloaded)
+>>> team.chat("code", msgs, model="coder", max_tokens=4).kv  # doctest: +SKIP
 'prefilled'
->>> team.chat("plan", msgs, max_tokens=4).kv  # doctest: +SKIP   (coder unloaded, planner back)
+>>> team.chat("plan", msgs, max_tokens=4).kv  # doctest: +SKIP
 'restored'
 >>> team.chat("plan", msgs, model="coder")  # doctest: +SKIP
 Traceback (most recent call last):

@@ -39,7 +39,7 @@ def test_public_api_is_pinned():
         [
             "AgentMemError", "ArchiveError", "ChatResult", "ChatStream", "CodecError", "ConfigError",
             "ContextOverflowError", "EngineError", "FingerprintMismatch", "MemoryPool", "MessageError",
-            "ModelError", "ModelNotFoundError", "PolicyError", "PoolConfig", "StateError", "Timings",
+            "ModelError", "ModelNotFoundError", "ModelPool", "ModelSpec", "PolicyError", "PoolConfig", "StateError", "Timings",
             "UnknownAgentError", "Usage", "__version__", "resolve_model_path",
         ]
     )
