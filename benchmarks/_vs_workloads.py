@@ -100,7 +100,8 @@ class Pair:
         return out
 
     def phase(self, name: str, hist: dict[str, History], agents: list[str], question: str,
-              reprefill_tokens: int) -> dict[str, Any]:
+              reprefill_tokens: int, summary: Callable[[list[CallResult]], dict[str, Any]] | None = None,
+              ) -> dict[str, Any]:
         """One call of every agent on both servers; per-server stats, load and wall time of the phase."""
         load0, t0 = load(), time.monotonic()
         results: dict[str, list[CallResult]] = {s.name: [] for s in self.servers}
@@ -115,7 +116,7 @@ class Pair:
                 logger.info("%s: %d/%d agents; last TTFT %s; load %s", name, i + 1, len(agents),
                             ", ".join(f"{k} {r.ttft_s:.3f} s" for k, r in got.items()), load())
         out = {"phase": name, "load_start": load0, "load_end": load(), "wall_s": round(time.monotonic() - t0, 1),
-               **{k: stats(rs, reprefill_tokens) for k, rs in results.items()}}
+               **{k: (summary(rs) if summary else stats(rs, reprefill_tokens)) for k, rs in results.items()}}
         self.phases.append(out)
         if self.on_phase is not None:
             self.on_phase(out)

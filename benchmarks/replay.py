@@ -127,24 +127,8 @@ def phase_stats(rs: list[CallResult]) -> dict[str, Any]:
 
 
 def replay_phase(pair: Pair, name: str, hist: dict[str, History], question: str) -> dict[str, Any]:
-    """One turn of every conversation on both servers (ABBA order), with the phase's figures."""
-    load0, t0 = load(), time.monotonic()
-    results: dict[str, list[CallResult]] = {s.name: [] for s in pair.servers}
-    ids = list(hist[pair.servers[0].name])
-    for i, conv in enumerate(ids):
-        got = pair.turn(hist, conv, question.format(n=i))
-        if got is None:
-            logger.warning("%s: time limit reached after %d of %d conversations", name, i, len(ids))
-            break
-        for k, r in got.items():
-            results[k].append(r)
-        if (i + 1) % 6 == 0 or i + 1 == len(ids):
-            logger.info("%s: %d/%d; last TTFT %s; load %s", name, i + 1, len(ids),
-                        ", ".join(f"{k} {r.ttft_s:.3f} s" for k, r in got.items()), load())
-    out = {"phase": name, "load_start": load0, "load_end": load(), "wall_s": round(time.monotonic() - t0, 1),
-           **{k: phase_stats(rs) for k, rs in results.items()}}
-    pair.phases.append(out)
-    return out
+    """One turn of every conversation on both servers (ABBA order, `Pair.phase`), with this benchmark's figures."""
+    return pair.phase(name, hist, list(hist[pair.servers[0].name]), question, 0, summary=phase_stats)
 
 
 def restart(pair: Pair) -> dict[str, Any]:
@@ -228,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         pair = Pair(servers, client, args.max_tokens, time.monotonic() + args.time_limit, settle_s=args.settle)
         try:
             result["startup_s"] = {s.name: round(s.proc.start(), 2) for s in servers}
-            replay_phase(pair, "first turns", hist, "Thanks. In one short sentence, what is note {n} about?")
+            replay_phase(pair, "first turns", hist, "Thanks, {agent}. In one short sentence, what is that note about?")
             for r in range(1, args.rounds + 1):
                 replay_phase(pair, f"round {r}", hist, f"Next question ({r}): name one word from your notes.")
             if not args.skip_restart:

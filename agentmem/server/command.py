@@ -45,10 +45,10 @@ def run_handler(handler: Handler, args: argparse.Namespace) -> int:
     try:
         return handler(args)
     except (AgentMemError, OSError) as exc:
-        print("agentmem: error: " + re.sub(r"\s*\n\s*", " ", str(exc)).strip(), file=sys.stderr)
+        sys.stderr.write("agentmem: error: " + re.sub(r"\s*\n\s*", " ", str(exc)).strip() + "\n")  # the CLI's one line
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("agentmem: interrupted", file=sys.stderr)
+        sys.stderr.write("agentmem: interrupted\n")
         return EXIT_INTERRUPTED
 
 
