@@ -5,7 +5,8 @@
 `reply.py` reads a reply (`read_reply` → `Reply`: content, calls, a retry, the text to write back).
 `gate.py` decides which streamed text may be shown yet (`StreamGate`).
 `steps.py` names what the protocol asks of the pool (`Generate`, `HoldsKV`).
-`strategy.py` generates and reads a reply (`FreeThenForced`: free, then once forced): where a new decode way plugs in.
+`strategy.py` generates and reads a reply (`LazyCall`: a free tool turn in one decode under a lazy
+grammar; `FreeThenForced`: free, then once forced): where a new decode way plugs in.
 `protocol.py` is the protocol itself (`call_steps` → `CallOutcome`), written once as steps.
 `runner.py` drives it on a pool in a thread or on an event loop (`CallRunner`).
 `turns.py` serializes one agent's calls for threads and coroutines alike (`AgentTurns`, `turns_for`).
@@ -24,7 +25,7 @@ from agentmem.calls.protocol import CallOutcome, call_steps
 from agentmem.calls.reply import Reply, read_reply
 from agentmem.calls.runner import CallEvent, CallRunner
 from agentmem.calls.steps import Generate, HoldsKV
-from agentmem.calls.strategy import STRATEGIES, Decoded, DecodeStrategy, FreeThenForced, get_strategy
+from agentmem.calls.strategy import STRATEGIES, Decoded, DecodeStrategy, FreeThenForced, LazyCall, get_strategy
 from agentmem.calls.turns import AgentTurns, turns_for
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "FreeThenForced",
     "Generate",
     "HoldsKV",
+    "LazyCall",
     "Mode",
     "Reply",
     "StreamGate",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 from agentmem.tools import ToolFormat, get_tool_format
+from agentmem.tools.lazy import LazyGrammar
 
 __all__ = ["CallPlan", "Mode"]
 
@@ -36,6 +37,9 @@ class CallPlan:
             prepended to the reply.
         tool_names: the functions the call offers.
         forced: in `auto` mode, builds the same call with a call forced (the retry).
+        lazy: in `auto` mode, builds the lazy call grammar of the offered tools
+            (`agentmem.tools.lazy.lazy_call_grammar`: free text until a call opens), for the
+            one-decode strategy (`agentmem.calls.strategy.LazyCall`).
         fmt: the model's tool-call syntax (`MemoryPool.tool_format`).
         lenient: read calls anywhere in the reply (`ToolFormat.find`) and retry only a
             reply that `looks_like_call`; AutoGen's reading (default: a reply is a call
@@ -51,6 +55,7 @@ class CallPlan:
     prefix: str = ""
     tool_names: tuple[str, ...] = ()
     forced: Callable[[], CallPlan] | None = None
+    lazy: Callable[[], LazyGrammar] | None = None
     fmt: ToolFormat = field(default_factory=lambda: get_tool_format("envelope"))
     lenient: bool = False
     line: str = ""

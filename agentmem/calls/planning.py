@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from agentmem.calls.plan import CallPlan
 from agentmem.tools import ToolFormat, json_prompt, tools_prompt, with_system_block
 from agentmem.tools.forced import forced_call_grammar, forced_json_grammar
+from agentmem.tools.lazy import LazyGrammar, lazy_call_grammar
 
 __all__ = ["forced_plan", "json_plan", "plan_chat", "show_tools"]
 
@@ -74,8 +75,11 @@ def _tool_plan(base: CallPlan, specs: Sequence[Mapping[str, Any]], choice: str, 
         return forced()
     if choice in names:
         return forced(choice)
+    def lazy() -> LazyGrammar:
+        return lazy_call_grammar(fmt, specs, parallel=parallel)
+
     if choice == "auto":
-        base.mode, base.forced = "auto", forced
+        base.mode, base.forced, base.lazy = "auto", forced, lazy
         return base
     # "none": shown, not called (a reply that opens like a call stays as written)
     return CallPlan(base.agent_id, base.messages, None, {**base.sampling, "canonical_calls": False}, fmt=fmt,

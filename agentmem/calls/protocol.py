@@ -12,12 +12,12 @@ from typing import Any
 from agentmem.calls.plan import CallPlan
 from agentmem.calls.reply import Reply
 from agentmem.calls.steps import Generate, HoldsKV, Steps
-from agentmem.calls.strategy import DecodeStrategy, FreeThenForced
+from agentmem.calls.strategy import DecodeStrategy, LazyCall
 from agentmem.pool import ChatResult
 
 __all__ = ["CallOutcome", "call_steps"]
 
-_DEFAULT = FreeThenForced()
+_DEFAULT = LazyCall()
 
 
 @dataclass
@@ -62,7 +62,7 @@ class CallOutcome:
 def call_steps(plan: CallPlan, strategy: DecodeStrategy | None = None) -> Steps:
     """The protocol of one call as steps; returns its `CallOutcome`.
 
-    run + read + retry: the strategy (default `FreeThenForced`); write back: a native call
+    run + read + retry: the strategy (default `LazyCall`: a free tool turn decodes once); write back: a native call
     the KV does not hold as the template renders it is prefilled in that form.
     """
     decoded: Any = yield from (strategy or _DEFAULT).decode(plan)

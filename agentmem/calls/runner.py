@@ -37,7 +37,7 @@ class CallRunner:
         turns: the per-agent serializer (default: the pool's process-wide `turns_for(pool)`).
         workers: where the async driver registers its threads (a server's shutdown waits for them).
         on_result: called with every finished pool generation (metrics, a client's last result).
-        strategy: how a reply is generated and read (default: `FreeThenForced`).
+        strategy: how a reply is generated and read (default: `LazyCall`).
     """
 
     def __init__(self, pool: MemoryPool, *, turns: AgentTurns | None = None, workers: Workers | None = None,

@@ -226,7 +226,7 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
         params = self._params(max_tokens, temperature, stop, sampling)
         msgs = check.message_list(messages)
         prompt = self.renderer.render(msgs, tools=tools)
-        names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None else []
+        names = [t["name"] for t in normalize_tools(tools)] if params.grammar is None or params.lazy else []
         prompt, forced = self._turns.canon.opening(prompt, opening, self.renderer.tool_format)  # a forced call's
         watch = None if forced else watch_for(self.renderer.tool_format, names, canonical_calls)
         cancel = self._life.cancel_flag()

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="a request naming no agent: the conversation its history continues, or a new one "
                           "(lines, the default), 400 (reject) or the key's one anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
+    model.add_argument("--decode-strategy", choices=("lazy", "free_then_forced"), default="lazy",
+                       help="a free tool turn: one decode under a lazy call grammar (lazy, the default), or free "
+                            "then once more forced when it was a broken call (free_then_forced)")
     model.add_argument("--durability", choices=("exit", "call", "lazy"), default=None,
                        help="exit (default alone): archive on demotion/checkpoint/shutdown; call (default in a cluster): "
                             "commit each call's agent; lazy (cluster): ledger each call, KV when parked or idle")
@@ -110,6 +113,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         metrics_public=args.metrics_public,
         durability=args.durability or ("call" if args.archive_url else "exit"),
         cluster=bool(args.archive_url), replica_id=args.replica_id, lease_ttl_s=args.lease_ttl,
+        decode_strategy=args.decode_strategy,
     )
     if settings.durability == "call" and not (config.archive_path or args.archive_url):
         raise ConfigError("--durability call needs --archive")

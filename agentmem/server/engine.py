@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Literal
 from agentmem import validation as check
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, UnknownAgentError
-from agentmem.calls import CallOutcome, CallRunner
+from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
@@ -261,7 +261,8 @@ class Engine:
         pool = self._pool()
         if self._calls is None or self._calls.pool is not pool:
             self._calls = CallRunner(pool, turns=self.queue.turns, workers=self.queue.workers,
-                                     on_result=lambda _plan, result: self.metrics.observe_call(result))
+                                     on_result=lambda _plan, result: self.metrics.observe_call(result),
+                                     strategy=get_strategy(self.settings.decode_strategy))
         return self._calls
 
     async def run(self, call: PoolCall) -> AsyncIterator[Event]:

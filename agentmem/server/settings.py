@@ -29,6 +29,9 @@ one for the whole server without keys)."""
 #: When agents are written to the archive (see `ServerSettings.durability`).
 DURABILITY = ("exit", "call", "lazy")
 
+#: How replies are generated (`agentmem.calls.strategy.STRATEGIES`; see `ServerSettings.decode_strategy`).
+DECODE_STRATEGIES = ("lazy", "free_then_forced")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
@@ -70,6 +73,9 @@ class ServerSettings:
         lease_ttl_s: lease length; renewed every third of it while the agent is in use,
             released after as long without a call. A killed replica's agents move after
             at most this long.
+        decode_strategy: how a reply is generated (`agentmem.calls.strategy`): `lazy`
+            (default: a free tool turn decodes once, under a lazy call grammar) or
+            `free_then_forced` (free, then once more forced when the reply was a broken call).
     """
 
     host: str = "127.0.0.1"
@@ -89,6 +95,7 @@ class ServerSettings:
     cluster: bool = False
     replica_id: str = ""
     lease_ttl_s: float = 10.0
+    decode_strategy: str = "lazy"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -119,6 +126,8 @@ class ServerSettings:
             raise ConfigError(f"replica_id must be a string, got {self.replica_id!r}")
         if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, (int, float)) or self.lease_ttl_s < 1:
             raise ConfigError(f"lease_ttl_s must be a number >= 1, got {self.lease_ttl_s!r}")
+        if self.decode_strategy not in DECODE_STRATEGIES:
+            raise ConfigError(f"decode_strategy must be one of {', '.join(DECODE_STRATEGIES)}, got {self.decode_strategy!r}")
         if not isinstance(self.shutdown_grace_s, (int, float)) or self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be a number >= 0, got {self.shutdown_grace_s!r}")
 

@@ -53,7 +53,8 @@ from .parse import (
     text_before_json,
 )
 from .prompt import TOOL_CALL_FORMAT, json_prompt, prompt_schema, tools_prompt, with_system_block
-from .registry import PoolFactory, SharedPool, acquire, close_shared_pools, pool_key, register, release, shared_pool
+from .registry import (PoolFactory, SharedPool, acquire, close_shared_pools, hold_pool, pool_key, register, release,
+                       shared_pool)
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
@@ -74,6 +75,7 @@ __all__ = [
     "detect_tool_format",
     "find_tool_calls",
     "get_tool_format",
+    "hold_pool",
     "integer_range",
     "json_prompt",
     "looks_like_tool_call",

@@ -25,7 +25,7 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from agentmem.config import PoolConfig
 from agentmem.model import resolve_model_path
@@ -35,6 +35,7 @@ __all__ = [
     "SharedPool",
     "acquire",
     "close_shared_pools",
+    "hold_pool",
     "pool_key",
     "register",
     "release",
@@ -121,6 +122,27 @@ def acquire(config: PoolConfig, factory: PoolFactory) -> tuple[Any, bool]:
             return pool, False
         entry.holders += 1
         return pool, True
+
+
+def hold_pool(pool: Any, pool_config: PoolConfig | Mapping[str, Any] | None, factory: PoolFactory, *,
+              pool_type: type) -> tuple[Any, bool]:
+    """The pool an integration object works on: the application's `pool` (registered), else `acquire`'s for `pool_config`.
+
+    Returns `(pool, owned)` as `acquire` does (`owned`: `release` it once when done).
+
+    Raises:
+        ValueError: both `pool` and `pool_config` given.
+        TypeError: `pool` is not a `pool_type`.
+    """
+    if pool is not None and pool_config is not None:
+        raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
+    if pool is not None:
+        if not isinstance(pool, pool_type):
+            raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
+        register(pool)
+        return pool, False
+    cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())
+    return acquire(cfg, factory)
 
 
 def release(pool: Any) -> None:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 from agentmem import ChatResult, MemoryPool, PoolConfig
-from agentmem.tools import acquire, register, release
+from agentmem.tools import hold_pool, release
 
 from ._execute import execute
 from ._memory import pin_facts
@@ -182,10 +182,6 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     ) -> None:
         if agent_id is not None and (not isinstance(agent_id, str) or not agent_id):
             raise ValueError(f"agent_id must be a non-empty string or None, got {agent_id!r}")
-        if pool is not None and pool_config is not None:
-            raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
-        if pool is not None and not isinstance(pool, MemoryPool):
-            raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
         args = dict(create_args or {})
         check_args(args, "create_args")
         self._defaults: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, **args}
@@ -199,15 +195,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             validate_model_info(model_info)
         self._model_info: ModelInfo = model_info or dict(self.DEFAULT_MODEL_INFO)  # type: ignore[assignment]
         self._model_info_overridden = model_info is not None
-        if pool is not None:
-            self._pool, self._owns_pool = pool, False
-            register(pool)
-        else:
-            if isinstance(pool_config, Mapping):
-                cfg = PoolConfig.from_dict(pool_config)
-            else:
-                cfg = pool_config or PoolConfig()
-            self._pool, self._owns_pool = acquire(cfg, _open_pool)
+        self._pool, self._owns_pool = hold_pool(pool, pool_config, _open_pool, pool_type=MemoryPool)  # last: a failed check leaks no pool
         self._agent_id = agent_id
         self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False

@@ -26,7 +26,7 @@ from typing_extensions import Self
 
 import agentmem.validation as check
 from agentmem import MemoryPool, PoolConfig
-from agentmem.tools import acquire, register, release
+from agentmem.tools import hold_pool, release
 from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync, recall_spans
 
 logger = logging.getLogger(__name__)
@@ -139,16 +139,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
     ) -> None:
         check.agent_id(agent_id)
         check.bounded_int(k, field="k", lo=0, hi=100)
-        if pool is not None and pool_config is not None:
-            raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
-        if pool is not None:
-            if not isinstance(pool, MemoryPool):
-                raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
-            self._pool, self._owns_pool = pool, False
-            register(pool)
-        else:
-            cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())
-            self._pool, self._owns_pool = acquire(cfg, lambda c: MemoryPool(config=c))
+        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
         self._agent_id = agent_id
         self._name = name or f"agentmem:{agent_id}"
         self._k = k

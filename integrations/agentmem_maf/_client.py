@@ -28,7 +28,7 @@ from agent_framework.observability import ChatTelemetryLayer
 import agentmem.validation as check
 from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig
 from agentmem.calls import CallOutcome, CallPlan, CallRunner
-from agentmem.tools import acquire, register, release
+from agentmem.tools import hold_pool, release
 
 from ._identity import resolve_agent_id, session_of
 from ._memory import pin_facts
@@ -136,17 +136,8 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     ) -> None:
         if agent_id is not None:
             check.agent_id(agent_id)
-        if pool is not None and pool_config is not None:
-            raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
-        if pool is not None and not isinstance(pool, MemoryPool):
-            raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
         super().__init__(**kwargs)
-        if pool is not None:
-            self._pool, self._owns_pool = pool, False
-            register(pool)
-        else:
-            cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())
-            self._pool, self._owns_pool = acquire(cfg, lambda c: MemoryPool(config=c))
+        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
         self._agent_id = agent_id
         self._agent_name: str | None = None  # the name of the first Agent built on this client
         self._defaults: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}

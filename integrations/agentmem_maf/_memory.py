@@ -25,7 +25,7 @@ from agent_framework import ContextProvider, Message
 
 import agentmem.validation as check
 from agentmem import MemoryPool, PoolConfig
-from agentmem.tools import acquire, register, release
+from agentmem.tools import hold_pool, release
 from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block, recall_spans
 
 from ._identity import resolve_agent_id
@@ -104,17 +104,8 @@ class AgentMemContextProvider(ContextProvider):
         if agent_id is not None:
             check.agent_id(agent_id)
         check.bounded_int(k, field="k", lo=0, hi=100)
-        if pool is not None and pool_config is not None:
-            raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
         super().__init__(source_id)
-        if pool is not None:
-            if not isinstance(pool, MemoryPool):
-                raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
-            self._pool, self._owns_pool = pool, False
-            register(pool)
-        else:
-            cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())
-            self._pool, self._owns_pool = acquire(cfg, lambda c: MemoryPool(config=c))
+        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
         self._agent_id = agent_id
         self._k = k
         self._facts: list[str] = []

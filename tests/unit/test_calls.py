@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 import agentmem.calls as calls
-from agentmem.calls import AgentTurns, CallPlan, CallRunner, Generate, HoldsKV, call_steps, get_strategy, plan_chat
+from agentmem.calls import (AgentTurns, CallPlan, CallRunner, FreeThenForced, Generate, HoldsKV, LazyCall, call_steps,
+                            get_strategy, plan_chat)
 from agentmem.errors import ConfigError
 from agentmem.pool import ChatResult, ChatStream
 from agentmem.pool.bridge import Workers, drive_async
@@ -38,7 +39,7 @@ def result(text: str, agent: str = "a") -> ChatResult:
 def test_the_public_api_is_pinned() -> None:
     assert set(calls.__all__) == {
         "STRATEGIES", "AgentTurns", "CallEvent", "CallOutcome", "CallPlan", "CallRunner", "DecodeStrategy", "Decoded",
-        "FreeThenForced", "Generate", "HoldsKV", "Mode", "Reply", "StreamGate", "call_steps", "forced_plan",
+        "FreeThenForced", "Generate", "HoldsKV", "LazyCall", "Mode", "Reply", "StreamGate", "call_steps", "forced_plan",
         "get_strategy", "json_plan", "plan_chat", "read_reply", "show_tools", "turns_for",
     }
 
@@ -56,9 +57,9 @@ def test_the_core_imports_no_front_end() -> None:
 
 
 # --------------------------------------------------------------------------- the protocol as steps
-def drive(plan: CallPlan, answers: list[Any]) -> tuple[list[Any], Any]:
-    """Run `call_steps(plan)` with scripted answers: the steps it asked, and its outcome."""
-    steps = call_steps(plan)
+def drive(plan: CallPlan, answers: list[Any], strategy: Any = None) -> tuple[list[Any], Any]:
+    """Run `call_steps(plan, strategy)` with scripted answers: the steps it asked, and its outcome."""
+    steps = call_steps(plan, strategy)
     asked: list[Any] = []
     answer: Any = None
     while True:
@@ -73,7 +74,7 @@ def drive(plan: CallPlan, answers: list[Any]) -> tuple[list[Any], Any]:
 def test_a_broken_auto_call_is_retried_forced_once() -> None:
     plan = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, ENVELOPE, tools=[ADD])
     assert plan.forced is not None
-    asked, out = drive(plan, [result(BROKEN), result(GOOD[len(plan.forced().prefix):])])
+    asked, out = drive(plan, [result(BROKEN), result(GOOD[len(plan.forced().prefix):])], FreeThenForced())
     assert [type(s) for s in asked] == [Generate, Generate]
     assert asked[0].gate is not None and asked[1].gate is None  # only the first attempt streams
     assert asked[1].plan.mode == "tools" and asked[1].plan.grammar
@@ -107,10 +108,53 @@ def test_text_streams_and_a_held_maybe_call_is_the_rest() -> None:
     assert json_plan.mode == "json" and calls.StreamGate(json_plan).push('"k": 1}') == json_plan.prefix + '"k": 1}'
 
 
+def test_a_free_tool_turn_decodes_once_under_its_lazy_grammar() -> None:
+    plan = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, ENVELOPE, tools=[ADD])
+    asked, out = drive(plan, [result(GOOD)])
+    assert len(asked) == 1 and asked[0].plan.grammar == plan.lazy() and asked[0].plan.mode == "auto"
+    assert asked[0].plan.grammar.patterns and isinstance(asked[0].gate, calls.StreamGate) is False
+    assert out.reply.is_call and not out.retried and out.usage()["prompt_tokens"] == 5
+    asked, out = drive(plan, [result(BROKEN)])  # cut off by max_tokens: no second decode, the text with its invalid call
+    assert len(asked) == 1 and not out.reply.is_call and out.reply.invalid and out.reply.content == BROKEN
+    asked, out = drive(plan, [result("It is 2.")])
+    assert out.reply.content == "It is 2." and out.finish_reason == "stop"
+
+
+def test_a_lazy_turn_reads_a_call_of_a_tool_not_offered_as_text() -> None:
+    plan = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, ENVELOPE, tools=[ADD])
+    other = '{"tool_calls": [{"name": "mul", "arguments": {"a": 1}}]}'  # a misfired trigger leaves the reply free
+    _, out = drive(plan, [result(other)])
+    assert not out.reply.is_call and out.reply.content == other
+
+
+def test_the_lazy_gate_streams_text_at_once_and_holds_a_call() -> None:
+    plan = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, HERMES, tools=[ADD])
+    steps = call_steps(plan)
+    gen = steps.send(None)
+    assert gen.gate.push("Su") == "Su" and gen.gate.push("re <tool") == "re "
+    assert gen.gate.push('_call>\n{"name": "add"') == ""
+    text = "Sure " + HERMES.render_call([("add", {"a": 1})])
+    with pytest.raises(StopIteration) as stop:
+        steps.send(result(text))
+        steps.send(True)  # the KV holds the call as written back
+    out = stop.value.value
+    assert out.reply.is_call and out.reply.content.strip() == "Sure" and out.rest == ""
+
+
+def test_plans_a_lazy_grammar_cannot_serve_decode_as_before() -> None:
+    lenient = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, ENVELOPE, tools=[ADD])
+    lenient.lenient = True  # AutoGen's reading: calls anywhere, code fences
+    asked, out = drive(lenient, [result(BROKEN), result(GOOD[len(lenient.forced().prefix):])])
+    assert len(asked) == 2 and out.retried
+    forced = plan_chat("a", [{"role": "user", "content": "1+?"}], {}, ENVELOPE, tools=[ADD], choice="required")
+    asked, _ = drive(forced, [result(GOOD[len(forced.prefix):])])
+    assert len(asked) == 1 and asked[0].plan.mode == "tools" and isinstance(asked[0].plan.grammar, str)
+
+
 def test_an_unknown_strategy_names_the_valid_ones() -> None:
-    assert get_strategy("free_then_forced").name == "free_then_forced"
-    with pytest.raises(ConfigError, match="free_then_forced"):
-        get_strategy("lazy")
+    assert get_strategy("free_then_forced").name == "free_then_forced" and isinstance(get_strategy("lazy"), LazyCall)
+    with pytest.raises(ConfigError, match="free_then_forced.*lazy|lazy.*free_then_forced"):
+        get_strategy("eager")
 
 
 # --------------------------------------------------------------------------- the runner on a scripted pool
@@ -160,9 +204,14 @@ def test_a_retry_runs_under_the_forced_grammar_and_is_recorded() -> None:
     assert plan.forced is not None
     pool = ScriptPool([BROKEN, GOOD[len(plan.forced().prefix):]])
     seen: list[str] = []
-    runner = CallRunner(pool, turns=AgentTurns(), on_result=lambda plan, r: seen.append(plan.mode))  # type: ignore[arg-type]
+    runner = CallRunner(pool, turns=AgentTurns(), on_result=lambda plan, r: seen.append(plan.mode),  # type: ignore[arg-type]
+                        strategy=FreeThenForced())
     out = runner.collect(plan)
     assert out.retried and seen == ["auto", "tools"] and "grammar" in pool.asked[1] and "grammar" not in pool.asked[0]
+    lazy = CallRunner(pool, turns=AgentTurns())  # type: ignore[arg-type]
+    pool.replies = [BROKEN]
+    out = lazy.collect(plan)  # the default: one decode under the lazy grammar, no retry
+    assert not out.retried and len(pool.asked) == 3 and pool.asked[2]["grammar"] == plan.lazy()
 
 
 # --------------------------------------------------------------------------- turns

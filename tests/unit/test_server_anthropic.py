@@ -22,7 +22,7 @@ from agentmem import MemoryPool  # noqa: E402
 from agentmem.server import KeyRing, ServerSettings, create_app  # noqa: E402
 from agentmem.server.anthropic_schemas import MessagesRequest, to_chat_request  # noqa: E402
 from agentmem.server.http_errors import ApiError  # noqa: E402
-from tests.fixtures.serving import ServerThread  # noqa: E402
+from tests.fixtures.serving import ServerThread, serve_model  # noqa: E402
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
@@ -31,12 +31,8 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city.",
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen2_path: Any) -> Any:
-    pool = MemoryPool(str(tiny_qwen2_path), n_ctx=2048, resident_agents=2, n_threads=1)
-    app = create_app(pool, settings=ServerSettings(model_name="tiny-qwen2", default_max_tokens=16))
-    with ServerThread(app) as srv:
-        srv.pool = pool
+    with serve_model(tiny_qwen2_path, "tiny-qwen2", default_max_tokens=16) as srv:
         yield srv
-    pool.close()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pydantic import BaseModel  # noqa: E402
 
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.server import ServerSettings, create_app  # noqa: E402
-from tests.fixtures.serving import ServerThread  # noqa: E402
+from tests.fixtures.serving import ServerThread, serve_model  # noqa: E402
 
 WEATHER = {
     "type": "function",
@@ -41,12 +41,8 @@ class Pet(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path: Any) -> Any:
-    pool = MemoryPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1)
-    app = create_app(pool, settings=ServerSettings(model_name="tiny", default_max_tokens=16))
-    with ServerThread(app) as srv:
-        srv.pool = pool
+    with serve_model(tiny_model_path, "tiny", default_max_tokens=16) as srv:
         yield srv
-    pool.close()
 
 
 @pytest.fixture

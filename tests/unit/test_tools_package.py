@@ -31,6 +31,7 @@ def test_public_api_is_pinned() -> None:
         "detect_tool_format",
         "find_tool_calls",
         "get_tool_format",
+        "hold_pool",
         "integer_range",
         "json_prompt",
         "looks_like_tool_call",
