@@ -2,8 +2,9 @@
 
 The tool-call protocol itself is `agentmem.calls`, the same for every front-end: tools
 shown whatever `tool_choice` is (the agent's prompt prefix and its KV stay stable), a
-forced choice decoded under the format's grammar, `auto` free with one forced retry of a
-broken call, `none` shown and not called, a native call written back into the KV as the
+forced choice decoded under the format's grammar, `auto` in one decode under the lazy call
+grammar (free text until a call opens; `--decode-strategy free_then_forced`: free, then one
+forced retry of a broken call), `none` shown and not called, a native call written back into the KV as the
 template renders it, `response_format` under a JSON grammar (`agentmem.calls.planning`).
 This module only reads OpenAI's fields into it (`chat_call`, `completion_call`, with their
 checks naming the field) and writes its reading in OpenAI's shape (`Reply`, `read_reply`).

@@ -45,7 +45,7 @@ _INFO_FIELDS = ("tier", "tokens", "live_tokens", "bytes", "codec", "priority", "
 
 @dataclass
 class Outcome:
-    """A finished call: the pool results (two when an `auto` tool call was retried forced) and the reply.
+    """A finished call: the pool results (two when an `auto` tool call was retried forced, under `free_then_forced`) and the reply.
 
     `rewrite` is the prefill that put a native tool call into the agent's KV as the
     template writes it back (`Reply.written_back`): agentmem's own upkeep of the KV,

@@ -13,7 +13,7 @@ instead of prefilling its whole history again.
 * `_client.py`: `AgentMemChatClient`, what MAF sees (options, streaming and not, usage
   with the reused KV as cached tokens, `close`), and `clients_for`.
 * `_plan.py`: one call's MAF options → the core protocol's `agentmem.calls.CallPlan`
-  (which `agentmem.calls.CallRunner` runs: free attempt, forced retry, reading calls,
+  (which `agentmem.calls.CallRunner` runs: one decode, a free tool turn under a lazy grammar, reading calls,
   holding streamed text back, writing a call back into the KV).
 * `_messages.py`: MAF messages, tools, `tool_choice`, `response_format` and usage ↔
   agentmem's messages, tool schemas and counts.

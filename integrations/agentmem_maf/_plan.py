@@ -3,8 +3,8 @@
 MAF's `tool_choice` and `response_format` are read by `_messages`; here they become the
 core's choice (`auto`, `none`, `required` or one function's name), a JSON reply, or —
 tools *and* a `response_format` — one grammar that admits a call or the document (the
-parse decides, as in AutoGen). Everything after the plan — the free attempt, the forced
-retry, reading calls, holding streamed text back, the write-back — is `agentmem.calls`.
+parse decides, as in AutoGen). Everything after the plan — the decode (a free tool turn
+under a lazy call grammar), reading calls, holding streamed text back, the write-back — is `agentmem.calls`.
 """
 
 from __future__ import annotations
