@@ -103,7 +103,11 @@ class AgentOps:
     async def forget(self, principal: Principal, agent_id: str) -> None:
         authorize(principal, agent_id)
         async with self._owned(agent_id), self._on(agent_id) as pool:
-            await self.queue.call(pool.forget, agent_id)
+            try:
+                await self.queue.call(pool.forget, agent_id)
+            except UnknownAgentError:  # bound by a first call that was refused: no KV, only the binding
+                self.models.forgotten(agent_id)
+                raise
             self.models.forgotten(agent_id)
         if self.replica is not None:
             await self.replica.released(agent_id)

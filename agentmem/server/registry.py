@@ -12,8 +12,9 @@ conversation-line claim when its prompt found one. `Target.release` ends both.
   its first call (`ModelMismatchError`: 400 when a later call names another), and the
   lease keeps the model loaded — never unloaded by the budget — until the call's
   response has ended. Listings read loaded models under a lease taken only if the model
-  is loaded (`ModelPool.lease_if_loaded`) and unloaded models from their archive files,
-  so listing never loads or unloads a model.
+  is loaded (`ModelPool.lease_if_loaded`) and unloaded models from their archive files
+  (tier `cold`; the counters the archive does not keep are `None`), so listing never
+  loads or unloads a model.
 
 Conversation lines are per model by construction: each model's `MemoryPool` keeps its
 own lines, so a prompt on model B is matched only against B's lines. A new line's
@@ -39,6 +40,10 @@ from agentmem.pool.lines import Line
 from agentmem.pool.tenants import TenantUsage
 
 __all__ = ["ManyModels", "Models", "OneModel", "Target"]
+
+#: what an unloaded model's archive does not say of its agents (`null` in `/agents`, not a made-up 0)
+_UNKNOWN_UNLOADED = dict.fromkeys(("budget", "calls", "restores", "parks", "cached_tokens", "prefill_tokens",
+                                   "evictions"))
 
 
 @dataclass(eq=False)
@@ -263,8 +268,9 @@ class ManyModels:
             with lease:
                 agents = lease.pool.stats()["agents"]
             return {k: {**v, "model": name} for k, v in agents.items()}
-        return {r.agent_id: {"model": name, "tier": "cold", "tokens": r.ledger_tokens, "bytes": r.state_bytes,
-                             "codec": r.codec, "priority": r.priority, "share": r.agent_id.startswith(SHARE_PREFIX)}
+        return {r.agent_id: {"model": name, "tier": "cold", "tokens": r.ledger_tokens, "live_tokens": 0,
+                             "bytes": r.state_bytes, "codec": r.codec, "priority": r.priority,
+                             "share": r.agent_id.startswith(SHARE_PREFIX), **_UNKNOWN_UNLOADED}
                 for r in self._archive_rows(name)}
 
     def entries(self, agent_id: str | None = None) -> dict[str, dict[str, Any]]:

@@ -248,7 +248,7 @@ def test_an_unloaded_models_agents_are_listed_from_its_archive(tiny_model_path: 
         assert team.unload("qwen")
         listed = {a["id"]: a for a in httpx.get(f"{srv.base_url}/agents").json()["data"]}
         assert listed["arc-q"]["model"] == "qwen" and listed["arc-q"]["tier"] == "cold"
-        assert listed["arc-q"]["tokens"] > 0
+        assert listed["arc-q"]["tokens"] > 0 and listed["arc-q"]["calls"] is None  # not kept by the archive
         assert team.models()[1]["state"] == "unloaded"  # listing did not load it
     team.close()
 
@@ -304,3 +304,11 @@ def test_flags_refuse_what_several_models_cannot_mean(tmp_path: Path) -> None:
     (tmp_path / "f.db").write_bytes(b"")
     with pytest.raises(ConfigError, match="--archive: with several models it is a directory"):
         build(_args("--model", "/a.gguf", "--model", "/b.gguf", "--archive", str(tmp_path / "f.db")))
+
+
+def test_forgetting_an_agent_bound_by_a_refused_first_call_ends_its_binding(server: Any) -> None:
+    """A binding without KV (its first call failed after its model was chosen) is not a trap: DELETE ends it."""
+    server.team.bind("ghost", "qwen")
+    assert httpx.delete(f"{server.base_url}/agents/ghost").status_code == 404
+    assert server.team.model_of("ghost") is None
+    assert _chat(server, {"model": "llama", "user": "ghost", "messages": HI}).status_code == 200
