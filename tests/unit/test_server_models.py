@@ -13,6 +13,7 @@ import asyncio
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,10 @@ def test_a_running_call_keeps_its_model_loaded_until_it_ends(tiny_model_path: Pa
     with ServerThread(app) as srv:  # the HTTP answer to a model that cannot load, and a stream's lease
         with httpx.stream("POST", f"{srv.base_url}/v1/chat/completions", timeout=60.0,
                           json={"model": "llama", "user": "s", "messages": HI, "stream": True}) as stream:
-            assert any(line.startswith("data:") for line in stream.iter_lines())
+            assert any(line.startswith("data: [DONE]") for line in stream.iter_lines())
+        deadline = time.monotonic() + 5  # the stream's end releases the lease just after its last chunk
+        while team.tier.slots["llama"].uses and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert team.tier.slots["llama"].uses == 0
         team.tier.acquire("llama")  # a call in flight on llama
         r = _chat(srv, {"model": "qwen", "user": "other", "messages": HI})
