@@ -42,6 +42,7 @@ from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, PoolClosedError, UnknownAgentError
 from agentmem.model import resolve_model_path
 from agentmem.models.bindings import Bindings
+from agentmem.models.lease import ModelLease
 from agentmem.models import policy as _policy
 from agentmem.models.specs import ModelSpec, specs_of
 from agentmem.models.tier import ModelSlot, ModelTier
@@ -148,6 +149,36 @@ class ModelPool:
         pool = self.tier.acquire(name)
         self.tier.release(name)
         return pool
+
+    def lease(self, agent_id: str | None = None, *, model: str | None = None) -> ModelLease:
+        """Hold a model loaded for work done on its `MemoryPool` directly; `release` the lease after.
+
+        With `agent_id`: the agent's model (binding a new agent to `model`, else the
+        default), and the release counts as that agent's call (workflow predictor,
+        model prefetch). Without: `model`, else the default. Blocks while the model loads.
+
+        Raises:
+            ModelMismatchError: `model` is not the agent's model.
+            UnknownModelError: no such model.
+            ModelBudgetError: the model cannot be loaded while the others stay in use.
+        """
+        self._check_open()
+        if agent_id is not None:
+            name = self.bindings.route(agent_id, model)
+        else:
+            name = self.bindings.check_model(self.bindings.default if model is None else model)
+        return ModelLease(name=name, pool=self.tier.acquire(name), agent_id=agent_id, end=self._end_lease)
+
+    def lease_if_loaded(self, model: str) -> ModelLease | None:
+        """A lease on `model` if it is loaded now (never loads it; `None`: not loaded)."""
+        name = self.bindings.check_model(model)
+        pool = None if self._closed else self.tier.try_acquire(name)
+        return None if pool is None else ModelLease(name=name, pool=pool, end=self._end_lease)
+
+    def _end_lease(self, lease: ModelLease) -> None:
+        self.tier.release(lease.name)
+        if lease.agent_id is not None:
+            self._after_call(lease.agent_id)
 
     # ------------------------------------------------------------------ calls
     def chat(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
@@ -279,6 +310,21 @@ class ModelPool:
             pool.park(agent_id, tier)
         finally:
             self.tier.release(name)
+
+    def add_tenants(self, prefixes: Iterable[str]) -> None:
+        """Add tenant prefixes to every model (`MemoryPool.add_tenants`; the unloaded ones get them at load)."""
+        prefixes = tuple(prefixes)
+        with self.tier.cond:
+            for slot in self.tier.slots.values():
+                merged = tuple(dict.fromkeys(slot.config.tenants + prefixes))
+                slot.config = slot.config.replace(tenants=merged)
+                if slot.pool is not None and not slot.pool.closed:
+                    slot.pool.add_tenants(prefixes)
+
+    @property
+    def durable(self) -> bool:
+        """Whether the agents outlive this pool (`archive_dir` given, not a temporary directory)."""
+        return not self._own_dir
 
     def unload(self, model: str) -> bool:
         """Unload `model` now (its agents written to its archive first); False when it is in use or not loaded."""

@@ -126,6 +126,18 @@ class ModelTier:
                         f"{self.vram_budget} and the models that could make room stayed in use for {self.wait_s} s")
         return self._load(slot, victims, prefetch)
 
+    def try_acquire(self, name: str) -> MemoryPool | None:
+        """`name`'s pool if it is loaded now, counted in use until `release(name)`; `None` (nothing held) otherwise.
+
+        Never loads: for reading a model's state without moving the budget (a listing).
+        """
+        with self.cond:
+            slot = self.slots[name]
+            if self.closed or slot.state != "loaded" or slot.pool is None:
+                return None
+            slot.uses += 1
+            return slot.pool
+
     def release(self, name: str) -> None:
         """End one use of `name` (the model may be unloaded once no call uses it)."""
         with self.cond:

@@ -1,7 +1,7 @@
 """`agentmem serve`: an OpenAI-, Anthropic- and Ollama-compatible HTTP server where every agent keeps its KV memory.
 
-A thin adapter over one `MemoryPool` (llama.cpp `tools/server` keeps HTTP, the task
-queue and the model apart; so does this package):
+A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.cpp
+`tools/server` keeps HTTP, the task queue and the model apart; so does this package):
 
 `settings.py` holds the typed, serializable server settings (`ServerSettings`).
 `auth.py` reads API keys and their agent-id prefixes into principals (`KeyRing`).
@@ -10,7 +10,9 @@ queue and the model apart; so does this package):
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
 `calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
-`engine.py` is the one object the routes call: the pool, the queue, the metrics.
+`registry.py` chooses a request's model and holds it loaded for the call (`OneModel`, `ManyModels`, `Target`).
+`engine.py` is the one object the routes call: the models, the queue, the metrics.
+`agent_ops.py` holds the agent operations of the engine (list, park, forget, handoff, ...), on the agent's model.
 `responses.py` builds OpenAI response bodies and SSE events.
 `metrics.py` renders Prometheus series (llama-server's names and `agentmem_*`) per app.
 `deps.py` holds the FastAPI dependencies (engine, principal).
@@ -27,6 +29,7 @@ queue and the model apart; so does this package):
 `ollama_routes.py` serves `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`.
 `agents_api.py` serves `/agents` (list, show, park, forget, pin, budget, priority, handoff, recall, checkpoint).
 `app.py` assembles the FastAPI app (`create_app`): routers, handlers, body limit, lifespan.
+`model_flags.py` reads `--model` (repeatable) and `--models-dir` into the models served (`ServedModels`).
 `cli.py` is `agentmem serve`: flags → settings, keys and pool config → uvicorn.
 
 FastAPI, uvicorn and prometheus-client are an extra: `pip install 'agentmem-kv[server]'`.

@@ -23,10 +23,10 @@ from fastapi import APIRouter, Depends, Request
 from agentmem.server import anthropic_responses as A
 from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest, to_chat_request
 from agentmem.server.auth import Principal
-from agentmem.server.calls import chat_call
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.registry import Target
 from agentmem.server.serving import find_agent, respond
 from agentmem.server.wire_errors import shaped_route
 
@@ -40,15 +40,15 @@ def _stream_error(exc: Exception) -> list[bytes]:
     return [A.event("error", A.error_body(from_exception(exc)))]
 
 
-def _matched_stop(eng: Engine, stops: list[str] | None, out: Outcome) -> str | None:
+def _matched_stop(target: Target, stops: list[str] | None, out: Outcome) -> str | None:
     """The stop sequence that ended `out`, if one did (the pool drops it from the text).
 
     The generated tokens still hold the one that completed the stop string; an end of turn
     leaves none of the stop strings in them.
     """
-    if not stops or out.finish_reason != "stop" or eng.pool is None or eng.pool.closed:
+    if not stops or out.finish_reason != "stop" or target.pool.closed:
         return None
-    model = eng.pool.model
+    model = target.pool.model
     text = b"".join(model.token_bytes(t) for t in out.results[-1].tokens).decode("utf-8", "replace")
     found = [(text.find(s), s) for s in stops if s in text]
     return min(found)[1] if found else None
@@ -59,26 +59,22 @@ async def messages(req: MessagesRequest, request: Request, who: Principal = Depe
                    eng: Engine = Depends(engine)) -> Any:
     """Anthropic Messages, streaming (SSE events) or not, with client tools."""
     chat = to_chat_request(req)
-    agent_id, line = await find_agent(eng, who, request, chat)
-    kind = line.kind if line is not None else ""
+    target = await find_agent(eng, who, request, chat)
     msg_id = A.new_id("msg")
-    stop_of = functools.partial(_matched_stop, eng, req.stop_sequences)
-    stream = A.MessageStream(msg_id, eng.model_name, stop_of)
+    stop_of = functools.partial(_matched_stop, target, req.stop_sequences)
+    stream = A.MessageStream(msg_id, target.model, stop_of)
     return await respond(
-        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, chat, kind), req.stream,
-        reply=lambda out: A.message(msg_id, eng.model_name, out, stop_of(out)),
-        render=stream.render, head=stream.head(), line=line, done=[], error_chunk=_stream_error,
+        eng, who, target, request, lambda: eng.prepare_chat(target, chat), req.stream,
+        reply=lambda out: A.message(msg_id, target.model, out, stop_of(out)),
+        render=stream.render, head=stream.head(), done=[], error_chunk=_stream_error,
     )
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(req: CountTokensRequest, who: Principal = Depends(principal),
                        eng: Engine = Depends(engine)) -> dict[str, int]:
-    """`{"input_tokens": N}`: the prompt's size as a Messages call renders it (tools included)."""
+    """`{"input_tokens": N}`: the prompt's size as a Messages call renders it on its model (tools included)."""
     del who
-    pool = eng.pool
-    if pool is None or pool.closed or not eng.ready:
+    if not eng.ready:
         raise ApiError(503, "the model is not loaded", code="unavailable")
-    call = chat_call("count", to_chat_request(req), eng.settings, pool.tool_format)
-    n = await eng.queue.call(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
-    return {"input_tokens": int(n)}
+    return {"input_tokens": await eng.count_tokens(req.model, to_chat_request(req))}

@@ -246,7 +246,7 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
         raise _bad("tool_choice.name", f"{choice['function']['name']!r} is not one of the tools {names}")
     body: dict[str, Any] = {
         "messages": _messages(req), "tools": _tools(req.tools), "tool_choice": choice,
-        "parallel_tool_calls": parallel, "agent_id": req.agent_id, "max_tokens": 0,
+        "parallel_tool_calls": parallel, "agent_id": req.agent_id, "max_tokens": 0, "model": req.model,
     }
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,

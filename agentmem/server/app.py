@@ -1,5 +1,7 @@
 """`create_app`: the FastAPI app over one `Engine` — routers, error handlers, limits, metrics, lifespan.
 
+It serves one `MemoryPool` (or the `PoolConfig` of one), or a `ModelPool` of several models.
+
 >>> from agentmem import PoolConfig
 >>> from agentmem.server import ServerSettings, create_app
 >>> app = create_app(PoolConfig(n_ctx=4096), settings=ServerSettings(port=8080))  # doctest: +SKIP
@@ -24,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
+from agentmem.models import ModelPool
 from agentmem.pool import MemoryPool
 from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
 from agentmem.server.auth import KeyRing, Principal
@@ -148,7 +151,7 @@ def _install_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    pool_or_config: MemoryPool | PoolConfig,
+    pool_or_config: MemoryPool | PoolConfig | ModelPool,
     *,
     settings: ServerSettings | None = None,
     keys: KeyRing | None = None,
@@ -158,9 +161,10 @@ def create_app(
     """The server app over one pool; `app.state.engine` is its `Engine`.
 
     Args:
-        pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless `own_pool`), or a
+        pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless `own_pool`), a
             `PoolConfig` the app opens at startup and closes at shutdown (with `archive_path`,
-            the close checkpoints every agent and the next start resumes them).
+            the close checkpoints every agent and the next start resumes them), or an open
+            `ModelPool`: several models, a request's `model` picks one (`registry.ManyModels`).
         settings: server settings (defaults: `ServerSettings()`).
         keys: API keys (default: none, an open server).
         own_pool: close a given pool at shutdown too.
@@ -173,7 +177,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await eng.start()
-        logger.info("agentmem serve: model %s ready", eng.model_name)
+        logger.info("agentmem serve: %s ready", eng.banner)
         try:
             yield
         finally:

@@ -3,6 +3,8 @@
 ```bash
 agentmem serve --model /models/qwen2.5-0.5b-instruct-q4.gguf --archive agents.db \\
     --resident 4 --n-ctx 16384 --keys-file keys.txt
+agentmem serve --model gemma-3-270m --model qwen2.5-coder-0.5b-instruct --ram-budget 800000000 \\
+    --archive team/          # several models (`model_flags`): a request's `model` picks one
 ```
 
 SIGTERM (or Ctrl-C) stops accepting connections, lets in-flight requests finish for
@@ -33,9 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     net.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1: this machine only)")
     net.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
     model = p.add_argument_group("model and pool")
-    model.add_argument("--model", default=None, help="GGUF path or bundled model name (default: AGENTMEM_MODEL or the bundled default)")
-    model.add_argument("--model-name", default=None, help="model id in /v1/models and responses (default: the file's stem)")
-    model.add_argument("--archive", default=None, metavar="PATH", help="SQLite archive: COLD tier, checkpoint on exit, resume on start")
+    model.add_argument("--model", action="append", default=None, metavar="NAME_OR_PATH",
+                       help="GGUF path or bundled model name (default: AGENTMEM_MODEL or the bundled default); "
+                            "repeat it to serve several models, the first the default (see docs/models.md)")
+    model.add_argument("--models-dir", default=None, metavar="DIR",
+                       help="serve every *.gguf in DIR too, each named by its file stem")
+    model.add_argument("--model-name", default=None,
+                       help="model id in /v1/models and responses (default: the file's stem; one model only)")
+    model.add_argument("--archive", default=None, metavar="PATH",
+                       help="SQLite archive: COLD tier, checkpoint on exit, resume on start "
+                            "(several models: a directory)")
+    model.add_argument("--ram-budget", type=int, default=0, metavar="BYTES",
+                       help="several models: RAM for their weights, contexts and parked KV together (0 = no limit)")
+    model.add_argument("--vram-budget", type=int, default=0, metavar="BYTES",
+                       help="several models: VRAM for offloaded weights and live KV (0 = no limit)")
+    model.add_argument("--unload-policy", choices=("cost", "lru"), default="cost",
+                       help="several models: which idle model to unload first (cost: reload time x likelihood of use)")
     model.add_argument("--resident", type=int, default=4, metavar="N", help="agents with a live sequence at once (4)")
     model.add_argument("--n-ctx", type=int, default=8192, help="KV cells of the shared context (8192)")
     model.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = automatic)")
@@ -88,22 +103,54 @@ def _pool_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """`(PoolConfig, ServerSettings, KeyRing)` from parsed flags (validated; `ConfigError` names the flag)."""
-    from agentmem.config import PoolConfig
-    from agentmem.server.auth import KeyRing
-    from agentmem.server.settings import ServerSettings
+def _served(args: argparse.Namespace, models: dict[str, str]) -> Any:
+    """The `ServedModels` of several models (`--model` twice, `--models-dir`)."""
+    from agentmem.server.model_flags import ServedModels
 
-    if args.archive_url and args.archive:
-        raise ConfigError("pass one archive: --archive PATH (one server) or --archive-url URL (a cluster)")
-    options: dict[str, Any] = {"model_path": args.model, "archive_path": args.archive, "resident_agents": args.resident,
+    for flag, value in (("--model-name", args.model_name), ("--archive-url", args.archive_url)):
+        if value:
+            raise ConfigError(f"{flag} serves one model; with several each is named by its --model")
+    if args.ram_budget < 0 or args.vram_budget < 0:
+        raise ConfigError("--ram-budget and --vram-budget must be >= 0")
+    return ServedModels(models=models, config=_pool_config(args, None, archive_path=None),
+                        ram_budget_bytes=args.ram_budget, vram_budget_bytes=args.vram_budget,
+                        unload_policy=args.unload_policy, archive_dir=args.archive)
+
+
+def _pool_config(args: argparse.Namespace, model: str | None, **over: Any) -> Any:
+    """The `PoolConfig` of the pool flags on `model` (`over` replaces some of them)."""
+    from agentmem.config import PoolConfig
+
+    options: dict[str, Any] = {"model_path": model, "archive_path": args.archive, "resident_agents": args.resident,
                                "n_ctx": args.n_ctx, "n_threads": args.threads}
     if args.archive_url:
         options["archive_url"] = args.archive_url
     if args.park_codec:
         options["park_codec"] = args.park_codec
     options.update(_pool_options(args.pool_option))
-    config = PoolConfig.build(**options)
+    options.update(over)
+    return PoolConfig.build(**options)
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """`(PoolConfig or ServedModels, ServerSettings, KeyRing)` from parsed flags (validated; errors name the flag).
+
+    Several models (`--model` twice, `--models-dir`) give a `ServedModels` (`model_flags`); one, a `PoolConfig`.
+    """
+    from agentmem.server.auth import KeyRing
+    from agentmem.server.settings import ServerSettings
+
+    if args.archive_url and args.archive:
+        raise ConfigError("pass one archive: --archive PATH (one server) or --archive-url URL (a cluster)")
+    from agentmem.server.model_flags import models_of
+
+    models = models_of(args.model, args.models_dir)
+    if len(models) > 1:
+        config = _served(args, models)
+    elif args.ram_budget or args.vram_budget:
+        raise ConfigError("--ram-budget and --vram-budget need several models (--model A --model B, --models-dir)")
+    else:  # one model, served as always (none named: AGENTMEM_MODEL or the bundled default)
+        config = _pool_config(args, next(iter(models.values()), None))
     settings = ServerSettings(
         host=args.host, port=args.port, model_name=args.model_name, anonymous=args.anonymous,
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
@@ -138,10 +185,13 @@ def run_args(args: argparse.Namespace) -> int:
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not keys.enabled:
         logger.warning("serving on %s without API keys: anyone who can reach it can use every agent", settings.host)
     from agentmem.pool import MemoryPool
+    from agentmem.server.model_flags import ServedModels
 
     # opened before uvicorn starts: a missing model or a locked archive is one line on stderr, status 2
     replica = None
-    if settings.cluster:
+    if isinstance(config, ServedModels):
+        pool = config.open(keys.tenant_prefixes())
+    elif settings.cluster:
         from agentmem.cluster import open_replica
 
         pool, replica = open_replica(config, settings)

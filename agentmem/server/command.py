@@ -30,7 +30,7 @@ EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 SERVE_HELP = "OpenAI-compatible HTTP server where every agent keeps its KV memory"
-SERVE_DESCRIPTION = "OpenAI-compatible HTTP server over one MemoryPool (see docs/server.md)."
+SERVE_DESCRIPTION = "OpenAI-compatible HTTP server over one MemoryPool, or several models (see docs/server.md)."
 
 Handler = Callable[[argparse.Namespace], int]
 

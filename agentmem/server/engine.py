@@ -1,8 +1,10 @@
-"""`Engine`: the one object the routes call — the pool, the queue, the metrics and the settings.
+"""`Engine`: the one object the routes call — the models, the queue, the metrics and the settings.
 
-Routes parse and answer HTTP; the engine runs calls and agent operations on the
-`MemoryPool`, always off the event loop (worker threads), and counts what happened.
-A call is `prepare_*` (validation, tools/JSON protocol, prompt-size limit), then `run`:
+Routes parse and answer HTTP; the engine runs calls and agent operations (`agent_ops`)
+on the `MemoryPool` of the request's model (`registry`: one pool, or a `ModelPool`'s),
+always off the event loop (worker threads), and counts what happened. A call finds its
+`Target` (`seat` for a named agent, `find_line` otherwise), then is `prepare_*`
+(validation, tools/JSON protocol, prompt-size limit), then `run`:
 an async iterator of `("text", piece)` events ending with `("done", Outcome)`, the
 protocol of `agentmem.calls` driven on the event loop (`CallRunner.arun`).
 """
@@ -11,36 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal
 
-from agentmem import validation as check
-from agentmem.config import PoolConfig
-from agentmem.errors import ConfigError, UnknownAgentError
 from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
+from agentmem.config import PoolConfig
+from agentmem.errors import ConfigError, ModelMismatchError
+from agentmem.models import ModelLease, ModelPool
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
+from agentmem.server.agent_ops import AgentOps
 from agentmem.server.auth import Principal
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
-from agentmem.server.identity import authorize
 from agentmem.server.metrics import ServerMetrics
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import CallLease, Quotas
+from agentmem.server.registry import ManyModels, Models, OneModel, Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["Engine", "Event", "Outcome"]
 
 logger = logging.getLogger(__name__)
-
-_INFO_FIELDS = ("tier", "tokens", "live_tokens", "bytes", "codec", "priority", "budget", "calls", "restores", "parks",
-                "cached_tokens", "prefill_tokens", "evictions")
 
 
 @dataclass
@@ -102,11 +101,12 @@ class Outcome:
 Event = tuple[Literal["text"], str] | tuple[Literal["done"], Outcome]
 
 
-class Engine:
+class Engine(AgentOps):
     """Runs calls and agent operations for the routes.
 
     Args:
-        pool: an open `MemoryPool`, or a `PoolConfig` to open at `start`.
+        pool: an open `MemoryPool`, a `PoolConfig` to open at `start`, or an open
+            `ModelPool` (several models: a request's `model` picks one; `registry.ManyModels`).
         settings: the server settings.
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
         replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
@@ -115,36 +115,62 @@ class Engine:
             pool's `PoolConfig.tenants`: no KV is shared across them.
     """
 
-    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *, own_pool: bool | None = None,
-                 replica: Any = None, tenants: tuple[str, ...] = ()) -> None:
+    def __init__(self, pool: MemoryPool | PoolConfig | ModelPool, settings: ServerSettings, *,
+                 own_pool: bool | None = None, replica: Any = None, tenants: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.replica = replica
+        self.team: ModelPool | None = pool if isinstance(pool, ModelPool) else None
+        if self.team is not None and replica is not None:
+            raise ConfigError("cluster mode (--archive-url) serves one model")
         self._config = pool if isinstance(pool, PoolConfig) else None
         self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
         if self._config is not None and tenants:
             self._config = self._config.replace(tenants=tuple(dict.fromkeys(self._config.tenants + tenants)))
         elif self.pool is not None and tenants:
             self.pool.add_tenants(tenants)
+        elif self.team is not None and tenants:
+            self.team.add_tenants(tenants)
         self.quotas = Quotas(settings)
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
-        self._calls: CallRunner | None = None
+        self._runners: dict[str, CallRunner] = {}
+        self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
+                               else OneModel(self._pool, lambda: self.model_name))
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
-                                     deferred=lambda: self.queue.waiting)
+                                     deferred=lambda: self.queue.waiting,
+                                     models=self._model_series if self.team is not None else None)
 
     # ------------------------------------------------------------------ lifetime
     @property
     def model_name(self) -> str:
-        """The model id responses carry."""
+        """The model id responses carry (several models: the default one's; each response names its own)."""
+        if self.team is not None:
+            return self.team.bindings.default
         if self.settings.model_name:
             return self.settings.model_name
         return Path(self.pool.model_path).stem if self.pool is not None else "agentmem"
 
     @property
+    def banner(self) -> str:
+        """What the server serves, for its log: `model NAME`, or `models A, B (default A)`."""
+        if self.team is not None:
+            return f"models {', '.join(self.team.names)} (default {self.model_name})"
+        return f"model {self.model_name}"
+
+    @property
     def ready(self) -> bool:
         """Whether calls can be served."""
+        if self.team is not None:
+            return not self.team.closed and not self.queue.closing
         return self.pool is not None and not self.pool.closed and not self.queue.closing
+
+    @property
+    def storage_fault(self) -> str | None:
+        """Why an archive refuses writes (`None`: every archive takes them); see `/health`."""
+        if isinstance(self.models, ManyModels):
+            return self.models.storage_fault()
+        return self.pool.storage_fault if self.pool is not None else None
 
     async def start(self) -> None:
         """Open the pool (when given a config); an archive resumes its agents."""
@@ -156,8 +182,9 @@ class Engine:
     async def stop(self) -> None:
         """Finish or cancel in-flight calls, then close an owned pool (checkpointing its archive)."""
         await self.queue.shutdown(self.settings.shutdown_grace_s)
-        if self.pool is not None and self.own_pool:
-            await asyncio.to_thread(self.pool.close)
+        owned = self.team if self.team is not None else self.pool
+        if owned is not None and self.own_pool:
+            await asyncio.to_thread(owned.close)
             logger.info("pool closed")
         if self.replica is not None:  # after the pool stored its agents under their leases
             await asyncio.to_thread(self.replica.close)
@@ -173,79 +200,114 @@ class Engine:
             return None
         return pool.stats()
 
+    def _model_series(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """Several models: `(ModelPool.models(), {model: MemoryPool.stats()} of the loaded ones)` for `/metrics`."""
+        assert self.team is not None and isinstance(self.models, ManyModels)
+        return self.team.models(), self.models.stats()
+
     def admit(self, principal: Principal) -> Lease:
         """A concurrency slot for a request (429/503 otherwise)."""
         return self.queue.admit(principal)
 
-    async def admit_call(self, principal: Principal, agent_id: str, *, line: Line | None = None) -> Lease:
-        """A slot for a call of `agent_id`: 429 over the key's calls in flight, agents or parked bytes; 503.
+    async def admit_call(self, principal: Principal, target: Target) -> Lease:
+        """A slot for a call of `target`: 429 over the key's calls in flight, agents or parked bytes; 503.
 
-        `line`: the claim `find_line` took; it ends with the lease (or now, when admission fails).
+        The target's line claim and model lease end with the returned lease (or now, when admission fails).
         """
         try:
             lease = self.queue.admit(principal)
             try:
-                settle = await self.quotas.reserve(principal, agent_id, self._pool())
+                settle = await self.quotas.reserve(principal, target.agent_id, self.models)
             except BaseException:
                 lease.release()
                 raise
         except BaseException:
-            self.release_line(line)
+            target.release()
             raise
 
         def end() -> None:
             settle()
-            self.release_line(line)
+            target.release()
 
         return CallLease(lease.queue, lease.principal, settle=end)  # takes over the queue's slot
 
-    async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest) -> Line:
+    # ------------------------------------------------------------------ which agent, which model
+    async def seat(self, agent_id: str, model: str | None) -> Target:
+        """The `Target` of a call of the named `agent_id` (`model`: what the request's field names)."""
+        return Target(agent_id, await self.models.seat(agent_id, model))
+
+    async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest,
+                        model: str | None = None) -> Target:
         """The agent of a request that names none (`--anonymous lines`): the conversation it continues, or a new one.
 
         Looked up in the key's scope (its prefix's tenant; `agentmem.pool.lines`) on the prompt
-        the call will render (tools and the JSON block included); the line stays claimed until
-        the call's lease is released.
+        the call will render (tools and the JSON block included), among the lines of the
+        request's model only; the line stays claimed until the call's lease is released.
         """
-        pool = self._pool()
-        scope = "" if principal.name == "local" else principal.prefix
+        seat = await self.models.model_seat(model)
+        try:
+            scope = "" if principal.name == "local" else principal.prefix
+            line = await self.queue.call(self._lookup(req, seat.pool, scope))
+            if self.team is not None:
+                line = await self._bind_line(req, seat, scope, line)
+            seat.agent_id = line.agent_id
+        except BaseException:
+            seat.release()
+            raise
+        return Target(line.agent_id, seat, line)
+
+    def _lookup(self, req: ChatCompletionRequest | CompletionRequest, pool: MemoryPool, scope: str) -> Any:
+        """`pool.find_line` on the prompt `req` renders, as a call for a worker thread."""
         if isinstance(req, ChatCompletionRequest):
             call = chat_call("line", req, self.settings, pool.tool_format)
-            fn = functools.partial(pool.find_line, call.messages, tools=call.tools, scope=scope)
-        else:
-            fn = functools.partial(pool.find_line, prompt=completion_call("line", req, self.settings).prompt,
-                                   scope=scope)
-        return await self.queue.call(fn)
+            return functools.partial(pool.find_line, call.messages, tools=call.tools, scope=scope)
+        return functools.partial(pool.find_line, prompt=completion_call("line", req, self.settings).prompt, scope=scope)
 
-    def release_line(self, line: Line | None) -> None:
-        """End `line`'s claim (None: nothing to end)."""
-        if line is not None and self.pool is not None and not self.pool.closed:
-            self.pool.release_line(line.agent_id)
-
-    async def _known(self, agent_id: str) -> None:
-        """404 unless the pool knows `agent_id`: actions other than a call never create agents."""
-        if not await self._do(self._pool().has_agent, agent_id):
-            raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
+    async def _bind_line(self, req: ChatCompletionRequest | CompletionRequest, seat: ModelLease, scope: str,
+                         line: Line) -> Line:
+        """Bind the line's agent to the seat's model; a derived id another model holds is derived again."""
+        try:
+            self.models.bind(line.agent_id, seat.name)
+            return line
+        except ModelMismatchError:  # two models with one tokenizer derived the same id: scope it by model
+            seat.pool.release_line(line.agent_id)
+        line = await self.queue.call(self._lookup(req, seat.pool, f"{scope}{seat.name}/"))
+        try:
+            self.models.bind(line.agent_id, seat.name)
+        except BaseException:
+            seat.pool.release_line(line.agent_id)
+            raise
+        return line
 
     # ------------------------------------------------------------------ calls
-    async def prepare_chat(self, agent_id: str, req: ChatCompletionRequest, line: str = "") -> PoolCall:
+    async def prepare_chat(self, target: Target, req: ChatCompletionRequest) -> PoolCall:
         """Validate a chat request and apply the tools/JSON protocol; 413 over the prompt limit."""
-        call = chat_call(agent_id, req, self.settings, self._pool().tool_format)
-        call.line = line
-        await self._check_prompt(call)
+        call = chat_call(target.agent_id, req, self.settings, target.pool.tool_format)
+        call.line = target.kind
+        await self._check_prompt(call, target.pool)
         return call
 
-    async def prepare_completion(self, agent_id: str, req: CompletionRequest, line: str = "") -> PoolCall:
+    async def prepare_completion(self, target: Target, req: CompletionRequest) -> PoolCall:
         """Validate a completion request; 413 over the prompt limit."""
-        call = completion_call(agent_id, req, self.settings)
-        call.line = line
-        await self._check_prompt(call)
+        call = completion_call(target.agent_id, req, self.settings)
+        call.line = target.kind
+        await self._check_prompt(call, target.pool)
         return call
 
-    async def _check_prompt(self, call: PoolCall) -> None:
+    async def count_tokens(self, model: str | None, req: ChatCompletionRequest) -> int:
+        """The prompt size of a chat request on `model` (its tools included), without calling it."""
+        seat = await self.models.model_seat(self.models.choose(model))
+        try:
+            call = chat_call("count", req, self.settings, seat.pool.tool_format)
+            return int(await self.queue.call(functools.partial(seat.pool.count_tokens, call.pool_messages(),
+                                                               tools=call.tools)))
+        finally:
+            seat.release()
+
+    async def _check_prompt(self, call: PoolCall, pool: MemoryPool) -> None:
         limit = self.settings.max_prompt_tokens
         if not limit:
             return
-        pool = self._pool()
         if call.messages is not None:
             n = await self.queue.call(functools.partial(pool.count_tokens, call.pool_messages(), tools=call.tools))
             if call.sampling.get("opening"):  # a forced call's opening, sent apart from the messages
@@ -256,23 +318,27 @@ class Engine:
             raise ApiError(413, f"the prompt has {n} tokens; this server accepts at most {limit}",
                            code="request_too_large", param="messages" if call.messages is not None else "prompt")
 
-    def _runner(self) -> CallRunner:
-        """The protocol's runner on this server's pool, its agent turns, worker threads and metrics."""
-        pool = self._pool()
-        if self._calls is None or self._calls.pool is not pool:
-            self._calls = CallRunner(pool, turns=self.queue.turns, workers=self.queue.workers,
-                                     on_result=lambda _plan, result: self.metrics.observe_call(result),
-                                     strategy=get_strategy(self.settings.decode_strategy))
-        return self._calls
+    def _runner(self, seat: ModelLease) -> CallRunner:
+        """The protocol's runner on the seat's pool, this server's agent turns, worker threads and metrics."""
+        runner = self._runners.get(seat.name)
+        if runner is None or runner.pool is not seat.pool:  # a model loaded again is a new pool
+            runner = self._runners[seat.name] = CallRunner(
+                seat.pool, turns=self.queue.turns, workers=self.queue.workers,
+                on_result=lambda _plan, result: self.metrics.observe_call(result),
+                strategy=get_strategy(self.settings.decode_strategy))
+        return runner
 
-    async def run(self, call: PoolCall) -> AsyncIterator[Event]:
-        """Run `call` (`agentmem.calls.CallRunner.arun`): text events as they may be shown, then `("done", Outcome)`.
+    async def run(self, call: PoolCall, target: Target) -> AsyncIterator[Event]:
+        """Run `call` on `target`'s pool (`agentmem.calls.CallRunner.arun`): text events as they may be
+        shown, then `("done", Outcome)`.
 
         The agent is held for the whole call (an `auto` retry, a call's rewrite and the
         commit included); closing the iterator early stops generation at the next token and
         frees the agent.
         """
-        runner = self._runner()
+        if not self.models.many:
+            self._pool()
+        runner = self._runner(target.seat)
         self.processing += 1
         try:
             async with self.queue.agent(call.agent_id), self._owned(call.agent_id):
@@ -284,132 +350,25 @@ class Engine:
                         assert isinstance(value, CallOutcome)
                         if value.rest:
                             yield ("text", value.rest)
-                        await self._commit(call.agent_id)
+                        await self._commit(call.agent_id, target.pool)
                         yield ("done", Outcome.of(value, call.line))
         finally:
             self.processing -= 1
 
-    async def _commit(self, agent_id: str) -> None:
+    async def _commit(self, agent_id: str, pool: MemoryPool) -> None:
         """After a call, still holding its agent: commit fenced by its lease, or per `durability`."""
         if self.replica is not None:
             await self.replica.commit(agent_id)  # fenced by the agent's lease
         elif self.settings.durability == "call":
             # still holding the agent: the state written is the one this call left
-            await self.queue.call(self._pool().commit, agent_id)
+            await self.queue.call(pool.commit, agent_id)
 
     def _owned(self, agent_id: str) -> Any:
         """Cluster mode: hold `agent_id`'s lease (re-reading a stale local copy) for the block."""
         return self.replica.serving(agent_id) if self.replica is not None else contextlib.nullcontext()
 
-    async def collect(self, call: PoolCall) -> Outcome:
+    async def collect(self, call: PoolCall, target: Target) -> Outcome:
         """Run `call` to its end (a non-streaming request)."""
-        outcome = await until_done(self.run(call))
+        outcome = await until_done(self.run(call, target))
         assert isinstance(outcome, Outcome)
         return outcome
-
-    # ------------------------------------------------------------------ agents
-    async def _do(self, fn: Any, *args: Any) -> Any:
-        self._pool()
-        return await self.queue.call(fn, *args)
-
-    @staticmethod
-    def _info(agent_id: str, raw: dict[str, Any]) -> dict[str, Any]:
-        return {"id": agent_id, **{k: raw.get(k, 0) for k in _INFO_FIELDS}}
-
-    async def list_agents(self, principal: Principal) -> list[dict[str, Any]]:
-        """The agents `principal` may see (declared shares only for admin keys)."""
-        stats = await self._do(self._pool().stats)
-        return [self._info(k, v) for k, v in sorted(stats["agents"].items())
-                if principal.allows(k) and (principal.admin or not v.get("share"))]
-
-    async def show_agent(self, principal: Principal, agent_id: str) -> dict[str, Any]:
-        """One agent's entry (403 out of scope, 404 unknown)."""
-        authorize(principal, agent_id)
-        stats = await self._do(self._pool().stats)
-        raw = stats["agents"].get(agent_id)
-        if raw is None:
-            raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
-        info = self._info(agent_id, raw)
-        info.update(regions=raw.get("regions", {}), evicted_regions=raw.get("evicted_regions", {}),
-                    seq=raw.get("seq"), block=raw.get("block"))
-        return info
-
-    async def park(self, principal: Principal, agent_id: str, tier: str) -> dict[str, Any]:
-        authorize(principal, agent_id)
-        async with self._owned(agent_id):
-            await self._do(self._pool().park, agent_id, tier)
-        if self.replica is not None and tier == "cold":
-            await self.replica.released(agent_id)
-        return await self.show_agent(principal, agent_id)
-
-    async def forget(self, principal: Principal, agent_id: str) -> None:
-        authorize(principal, agent_id)
-        async with self._owned(agent_id):
-            await self._do(self._pool().forget, agent_id)
-        if self.replica is not None:
-            await self.replica.released(agent_id)
-
-    async def pin(self, principal: Principal, agent_id: str, message_index: int, pinned: bool) -> int:
-        authorize(principal, agent_id)
-        return int(await self._do(self._pool().pin, agent_id, message_index, pinned))
-
-    async def set_budget(self, principal: Principal, agent_id: str, tokens: int, eviction: str | None) -> None:
-        authorize(principal, agent_id)
-        await self._known(agent_id)
-        await self._do(self._pool().set_budget, agent_id, tokens, eviction)
-
-    async def set_priority(self, principal: Principal, agent_id: str, priority: int | str) -> None:
-        authorize(principal, agent_id)
-        await self._known(agent_id)
-        await self._do(self._pool().set_priority, agent_id, priority)
-
-    async def hold(self, principal: Principal, agent_id: str, ttl_s: float | None) -> None:
-        authorize(principal, agent_id)
-        await self._do(functools.partial(self._pool().hold, agent_id, ttl_s=ttl_s))
-
-    async def unhold(self, principal: Principal, agent_id: str) -> None:
-        authorize(principal, agent_id)
-        await self._do(self._pool().unhold, agent_id)
-
-    async def expect(self, principal: Principal, order: list[str | list[str]], soon: bool) -> None:
-        """The workflow's expected order (every id must be in the key's scope); one order per key."""
-        for i, item in enumerate(order):
-            for x in [item] if isinstance(item, str) else item:
-                authorize(principal, check.agent_id(x, field=f"order[{i}]"), field=f"order[{i}]")
-        await self._do(functools.partial(self._pool().expect, order, soon=soon, scope=f"key:{principal.name}"))
-
-    async def handoff(self, principal: Principal, src: str, dst: str, upto: int | None) -> dict[str, Any]:
-        authorize(principal, src)
-        authorize(principal, dst, field="to")
-        await self._known(src)
-        settle = await self.quotas.reserve(principal, dst, self._pool())  # a new destination is a new agent
-        try:
-            return _plain(await self._do(self._pool().handoff, src, dst, upto))
-        finally:
-            settle()
-
-    async def recall(self, principal: Principal, agent_id: str, query: str, k: int) -> list[dict[str, Any]]:
-        authorize(principal, agent_id)
-        spans = await self._do(self._pool().recall, agent_id, query, k)
-        return [_plain(s) for s in spans]
-
-    async def checkpoint(self, principal: Principal) -> None:
-        if not principal.admin:
-            raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
-        pool = self._pool()
-        if pool.config.archive_path is None and not getattr(pool.config, "archive_url", None):
-            raise ConfigError("checkpoint needs a server started with --archive or --archive-url")
-        await self._do(pool.checkpoint)
-
-
-def _plain(obj: Any) -> Any:
-    """A dataclass (or a plain value) as JSON-friendly data."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)

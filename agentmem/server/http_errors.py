@@ -10,12 +10,15 @@ clients read into their exceptions (`openai.BadRequestError` for 400, ...).
 | no or a wrong API key | 401 | `invalid_api_key` |
 | an agent outside the key's prefix | 403 | `forbidden` |
 | `UnknownAgentError` (the body names only the id asked for) | 404 | `agent_not_found` |
+| `UnknownModelError`: a `model` the server does not serve (`param`: `model`) | 404 | `model_not_found` |
+| `ModelMismatchError`: the agent is bound to another model (`param`: `model`) | 400 | `model_mismatch` |
 | the agent is generating (forget, park, handoff) | 409 | `agent_busy` |
 | body or prompt too large | 413 | `request_too_large` |
 | the key's concurrency limit | 429 | `rate_limit_exceeded` |
 | the key's agent or parked-bytes quota (`param`: `max_agents`, `max_parked_bytes`) | 429 | `quota_exceeded` |
 | the server is starting or shutting down, `PoolClosedError` | 503 | `unavailable` |
 | `ArchiveFullError`: the archive's disk is full (nothing was written; `/health` says `degraded`) | 507 | `insufficient_storage` |
+| `ModelBudgetError`: the model cannot load, the others stay in use (`Retry-After`) | 503 | `model_unavailable` |
 | `LeaseHeldError`: another replica serves the agent (cluster mode; `Retry-After`) | 503 | `agent_elsewhere` |
 | `LeaseLostError`: this replica lost the agent mid-call (cluster mode; `Retry-After`) | 503 | `lease_lost` |
 | anything else (a server fault, logged) | 500 | `internal_error` |
@@ -36,9 +39,12 @@ from agentmem.errors import (
     LeaseHeldError,
     LeaseLostError,
     MessageError,
+    ModelBudgetError,
+    ModelMismatchError,
     PolicyError,
     PoolClosedError,
     UnknownAgentError,
+    UnknownModelError,
 )
 
 __all__ = ["ApiError", "error_body", "from_exception"]
@@ -101,6 +107,12 @@ def from_exception(exc: BaseException) -> ApiError:
         # only what the caller asked for, never anything about other tenants' agents
         shown = f"unknown agent {exc.agent_id!r}" if exc.agent_id is not None else "unknown agent"
         return ApiError(404, shown, code="agent_not_found")
+    if isinstance(exc, UnknownModelError):
+        return ApiError(404, str(exc), code="model_not_found", param="model")
+    if isinstance(exc, ModelMismatchError):
+        return ApiError(400, str(exc), code="model_mismatch", param="model")
+    if isinstance(exc, ModelBudgetError):
+        return ApiError(503, str(exc), code="model_unavailable", headers={"Retry-After": "5"})
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
         return ApiError(400, str(exc), code="invalid_request", param=getattr(exc, "field", None))
     if type(exc) is AgentMemError and "is generating" in str(exc):

@@ -6,7 +6,10 @@ through), or the `agent_id` extension field (`extra_body={"agent_id": ...}`). Wi
 of them, by the server's `anonymous` policy: `lines` (the default) finds the conversation
 the request's history continues (`MemoryPool.find_line`, scoped to the key's prefix; the
 route does it, `resolve_agent_id` returns None), `per-key` gives the key's anonymous
-agent, `{prefix}anonymous-{key name}` (`anonymous` without keys), `reject` a 400.
+agent, `{prefix}anonymous-{key name}` (`anonymous` without keys), `reject` a 400. With
+several models the per-key agent is one per model: `...anonymous-{key name}@{model}`
+(an agent's KV belongs to one model). Lines are per model too: each model's pool keeps
+its own (`registry`).
 
 The header's bytes are read as UTF-8 (`agent_header`), as JSON bodies are, so
 `X-Agent-Id: team-b/café` and `"user": "team-b/café"` are one agent; bytes that are not
@@ -57,7 +60,8 @@ def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -
 
 
 def resolve_agent_id(
-    principal: Principal, *, header: str | None, user: str | None, extension: str | None, anonymous: str
+    principal: Principal, *, header: str | None, user: str | None, extension: str | None, anonymous: str,
+    model: str | None = None,
 ) -> str | None:
     """The agent a request names (validated and authorized); None: none named and the policy is `lines`.
 
@@ -67,6 +71,7 @@ def resolve_agent_id(
         user: the body's `user` field, if any.
         extension: the body's `agent_id` field, if any.
         anonymous: the server's fallback policy (`lines`, `reject` or `per-key`).
+        model: several models: the request's model, which a `per-key` agent id ends with.
 
     Raises:
         ApiError: 400 when no agent is named and the policy is `reject`, or the id is
@@ -82,7 +87,8 @@ def resolve_agent_id(
     if anonymous == "lines":
         return None
     if anonymous == "per-key":
-        return "anonymous" if principal.name == "local" else f"{principal.prefix}anonymous-{principal.name}"
+        agent_id = "anonymous" if principal.name == "local" else f"{principal.prefix}anonymous-{principal.name}"
+        return agent_id if model is None else f"{agent_id}@{model}"
     raise ApiError(
         400,
         f"no agent named: send the header {AGENT_HEADER}, the 'user' field or the 'agent_id' field "

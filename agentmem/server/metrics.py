@@ -22,6 +22,14 @@ from `MemoryPool.stats()` at scrape time (`agentmem_agents`, `agentmem_tier_agen
 `agentmem_prefetch_hits_total`, `agentmem_prefetch_misses_total`, `agentmem_evictions_total`,
 `agentmem_evicted_tokens_total`, `agentmem_shared_prefix_tokens_total`, `agentmem_handoffs_total`, ...).
 
+With several models (`agentmem serve --model A --model B`) every pool series carries a
+`model` label (one series per loaded model; an unloaded model has none), and per-model
+series say where the weights are: `agentmem_model_loaded{model}` (1/0),
+`agentmem_model_bytes{model,kind}` (`weights`, `context`), `agentmem_model_agents{model}`,
+`agentmem_model_in_use{model}`, `agentmem_model_loads_total{model}`,
+`agentmem_model_unloads_total{model}`, `agentmem_model_prefetch_loads_total{model}`.
+The server's own counters (tokens, TTFT, requests) stay server-wide.
+
 Who may read it: every caller on a server without keys; with keys, admin keys only
 (`metrics_public=True` opens it to every valid key): the series aggregate all tenants.
 """
@@ -89,6 +97,8 @@ class ServerMetrics:
         pool_stats: returns `MemoryPool.stats()`, or `None` while no pool is open.
         processing: returns the number of requests being served.
         deferred: returns the number of requests waiting for their agent.
+        models: several models: returns `(ModelPool.models(), {model: MemoryPool.stats()}
+            of the loaded ones)`; the pool series are then labelled by model.
     """
 
     def __init__(
@@ -97,8 +107,10 @@ class ServerMetrics:
         *,
         processing: Callable[[], int],
         deferred: Callable[[], int],
+        models: Callable[[], tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None = None,
     ) -> None:
         self._pool_stats, self._processing, self._deferred = pool_stats, processing, deferred
+        self._models = models
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.tokens = Counter()  # prompt_prefilled, prompt_cached, predicted, disconnects
@@ -176,23 +188,65 @@ class ServerMetrics:
         yield from self._pool_series()
 
     def _pool_series(self) -> Iterator[Metric]:
-        stats = self._pool_stats()
-        if stats is None:
+        if self._models is not None:
+            listing, by_model = self._models()
+            yield from _model_series(listing)
+            yield from _stats_series(by_model, labelled=True)
             return
+        stats = self._pool_stats()
+        if stats is not None:
+            yield from _stats_series({"": stats}, labelled=False)
+
+
+def _stats_series(by_model: dict[str, dict[str, Any]], *, labelled: bool) -> Iterator[Metric]:
+    """The pool series of `MemoryPool.stats()`, one pool's (unlabelled) or each model's (`model` label)."""
+    m = ["model"] if labelled else []
+
+    def family(kind: type, name: str, doc: str, *labels: str) -> Any:
+        return kind(name, doc, labels=[*m, *labels])
+
+    agents_n = family(GaugeMetricFamily, "agentmem_agents", "Agents the pool knows.")
+    agents = family(GaugeMetricFamily, "agentmem_tier_agents", "Agents whose KV is in a tier.", "tier")
+    nbytes = family(GaugeMetricFamily, "agentmem_tier_bytes", "Bytes of KV state kept in a tier.", "tier")
+    restores = family(CounterMetricFamily, "agentmem_restores", "Calls whose agent was restored from a tier.", "tier")
+    reuses = family(CounterMetricFamily, "agentmem_kv_reuses", "Calls whose agent was still live.")
+    shared = family(GaugeMetricFamily, "agentmem_shared_ram_bytes", "Bytes of shared KV blocks in RAM.")
+    counters = {name: family(CounterMetricFamily, name, doc) for name, (_, doc) in _POOL_COUNTERS.items()}
+    for model, stats in sorted(by_model.items()):
+        lab = [model] if labelled else []
         totals, tiers = stats["totals"], stats["tiers"]
-        yield GaugeMetricFamily("agentmem_agents", "Agents the pool knows.", value=totals["agents"])
-        agents = GaugeMetricFamily("agentmem_tier_agents", "Agents whose KV is in a tier.", labels=["tier"])
-        nbytes = GaugeMetricFamily("agentmem_tier_bytes", "Bytes of KV state kept in a tier.", labels=["tier"])
-        restores = CounterMetricFamily("agentmem_restores", "Calls whose agent was restored from a tier.", labels=["tier"])
+        agents_n.add_metric(lab, totals["agents"])
         for tier in ("hot", "warm", "cold"):
-            agents.add_metric([tier], tiers[tier]["agents"])
-            nbytes.add_metric([tier], tiers[tier]["bytes"])
+            agents.add_metric([*lab, tier], tiers[tier]["agents"])
+            nbytes.add_metric([*lab, tier], tiers[tier]["bytes"])
             if tier != "hot":
-                restores.add_metric([tier], tiers[tier]["hits"])
-        yield agents
-        yield nbytes
-        yield restores
-        yield CounterMetricFamily("agentmem_kv_reuses", "Calls whose agent was still live.", value=tiers["hot"]["hits"])
-        yield GaugeMetricFamily("agentmem_shared_ram_bytes", "Bytes of shared KV blocks in RAM.", value=stats["shared"]["ram_bytes"])
-        for name, (key, doc) in _POOL_COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=totals.get(key, 0))
+                restores.add_metric([*lab, tier], tiers[tier]["hits"])
+        reuses.add_metric(lab, tiers["hot"]["hits"])
+        shared.add_metric(lab, stats["shared"]["ram_bytes"])
+        for name, (key, _) in _POOL_COUNTERS.items():
+            counters[name].add_metric(lab, totals.get(key, 0))
+    yield from (agents_n, agents, nbytes, restores, reuses, shared, *counters.values())
+
+
+def _model_series(listing: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Where each model's weights are (`ModelPool.models()`): loaded, bytes, agents, loads, unloads."""
+    loaded = GaugeMetricFamily("agentmem_model_loaded", "Whether the model is loaded (1) or not (0).", labels=["model"])
+    nbytes = GaugeMetricFamily("agentmem_model_bytes", "Bytes of a loaded model: its weights and its live context.",
+                               labels=["model", "kind"])
+    agents = GaugeMetricFamily("agentmem_model_agents", "Agents bound to the model.", labels=["model"])
+    in_use = GaugeMetricFamily("agentmem_model_in_use", "Calls holding the model loaded now.", labels=["model"])
+    loads = CounterMetricFamily("agentmem_model_loads", "Times the model was loaded.", labels=["model"])
+    unloads = CounterMetricFamily("agentmem_model_unloads", "Times the model was unloaded.", labels=["model"])
+    prefetched = CounterMetricFamily("agentmem_model_prefetch_loads", "Loads started ahead of a call.",
+                                     labels=["model"])
+    for m in listing:
+        name, up = m["name"], m["state"] == "loaded"
+        loaded.add_metric([name], 1 if up else 0)
+        nbytes.add_metric([name, "weights"], m["weights_bytes"] if up else 0)
+        nbytes.add_metric([name, "context"], m["ctx_bytes"] if up else 0)
+        agents.add_metric([name], m["agents"])
+        in_use.add_metric([name], m["in_use"])
+        loads.add_metric([name], m["loads"])
+        unloads.add_metric([name], m["unloads"])
+        prefetched.add_metric([name], m["prefetch_loads"])
+    yield from (loaded, nbytes, agents, in_use, loads, unloads, prefetched)

@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 import agentmem
+from agentmem.model import model_fingerprint
 from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
@@ -39,6 +40,7 @@ from agentmem.server.ollama_schemas import (
     to_generate_request,
 )
 from agentmem.server.schemas import ChatCompletionRequest
+from agentmem.server.registry import ManyModels
 from agentmem.server.serving import find_agent, respond
 from agentmem.server.wire_errors import shaped_route
 
@@ -87,18 +89,26 @@ def _message(content: str, out: Outcome | None = None) -> dict[str, Any]:
     return msg
 
 
+async def _loaded(eng: Engine, model: str | None) -> str:
+    """Ollama's "load the model" answer to an empty call: the model's name, loaded (404: unknown)."""
+    if eng.team is None:
+        return eng.model_name
+    seat = await eng.models.model_seat(eng.models.choose(model))
+    seat.release()
+    return seat.name
+
+
 @router.post("/api/chat")
 async def chat(req: ChatRequest, request: Request, who: Principal = Depends(principal),
                eng: Engine = Depends(engine)) -> Any:
     """Ollama chat: NDJSON chunks (default) or one object; tools, `format`, `options`."""
     t0 = time.perf_counter()
     if not req.messages:  # Ollama answers an empty chat by loading the model
-        return {"model": eng.model_name, "created_at": _now(), "message": _message(""), "done": True,
+        return {"model": await _loaded(eng, req.model), "created_at": _now(), "message": _message(""), "done": True,
                 "done_reason": "load"}
     body = to_chat_request(req)
-    agent_id, line = await find_agent(eng, who, request, body)
-    kind = line.kind if line is not None else ""
-    model = eng.model_name
+    target = await find_agent(eng, who, request, body)
+    model = target.model
 
     def render(event: Event) -> list[bytes]:
         kind_, value = event
@@ -115,10 +125,10 @@ async def chat(req: ChatRequest, request: Request, who: Principal = Depends(prin
         return out
 
     return await respond(
-        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, body, kind), req.stream,
+        eng, who, target, request, lambda: eng.prepare_chat(target, body), req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "message": _message(o.reply.content or "", o),
                          **_counters(o, t0)},
-        render=render, head=[], line=line, done=[], error_chunk=_stream_error, media_type=NDJSON,
+        render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )
 
 
@@ -127,17 +137,17 @@ async def generate(req: GenerateRequest, request: Request, who: Principal = Depe
                    eng: Engine = Depends(engine)) -> Any:
     """Ollama generate: `prompt` (+ `system`) through the chat template, or `raw`."""
     t0 = time.perf_counter()
-    model = eng.model_name
     if not req.prompt:  # Ollama answers an empty prompt by loading the model
-        return {"model": model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+        return {"model": await _loaded(eng, req.model), "created_at": _now(), "response": "", "done": True,
+                "done_reason": "load"}
     body = to_generate_request(req)
-    agent_id, line = await find_agent(eng, who, request, body)
-    kind = line.kind if line is not None else ""
+    target = await find_agent(eng, who, request, body)
+    model = target.model
 
     def prepare() -> Any:
         if isinstance(body, ChatCompletionRequest):
-            return eng.prepare_chat(agent_id, body, kind)
-        return eng.prepare_completion(agent_id, body, kind)
+            return eng.prepare_chat(target, body)
+        return eng.prepare_completion(target, body)
 
     def render(event: Event) -> list[bytes]:
         kind_, value = event
@@ -147,9 +157,9 @@ async def generate(req: GenerateRequest, request: Request, who: Principal = Depe
         return [_line({"model": model, "created_at": _now(), "response": "", **_counters(value, t0)})]
 
     return await respond(
-        eng, who, agent_id, request, prepare, req.stream,
+        eng, who, target, request, prepare, req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "response": o.reply.content or "", **_counters(o, t0)},
-        render=render, head=[], line=line, done=[], error_chunk=_stream_error, media_type=NDJSON,
+        render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )
 
 
@@ -160,9 +170,11 @@ def _pool_model(eng: Engine) -> Any:
     return pool
 
 
-def _details(eng: Engine) -> dict[str, Any]:
-    """Ollama's `details` from the GGUF's metadata."""
-    model = _pool_model(eng).model
+def _details(model: Any) -> dict[str, Any]:
+    """Ollama's `details` from a loaded model's GGUF metadata (`None`: not loaded, only the format)."""
+    if model is None:
+        return {"parent_model": "", "format": "gguf", "family": "", "families": None, "parameter_size": "",
+                "quantization_level": ""}
     arch = model.meta("general.architecture") or ""
     words = model.description().split(" ", 2)  # e.g. "qwen2 1B Q4_K - Medium"
     quant = words[2] if len(words) == 3 else ""
@@ -174,38 +186,65 @@ def _details(eng: Engine) -> dict[str, Any]:
             "quantization_level": quant}
 
 
-def _entry(eng: Engine) -> dict[str, Any]:
-    """The one model as `/api/tags` lists it (`digest`: agentmem's model fingerprint, not a blob hash)."""
-    pool = _pool_model(eng)
-    path = Path(pool.model_path)
+def _file_entry(name: str, path: Path, digest: str, details: dict[str, Any]) -> dict[str, Any]:
+    """A model as `/api/tags` lists it (`digest`: agentmem's model fingerprint, not a blob hash)."""
     st = path.stat()
     modified = datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"name": eng.model_name, "model": eng.model_name, "modified_at": modified, "size": st.st_size,
-            "digest": str(pool.fingerprint.get("model", "")), "details": _details(eng)}
+    return {"name": name, "model": name, "modified_at": modified, "size": st.st_size, "digest": digest,
+            "details": details}
+
+
+def _entry(name: str, pool: Any) -> dict[str, Any]:
+    """A loaded model's `/api/tags` entry."""
+    return _file_entry(name, Path(pool.model_path), str(pool.fingerprint.get("model", "")), _details(pool.model))
+
+
+def _entries(eng: Engine) -> list[dict[str, Any]]:
+    """Several models: every model's entry, an unloaded one's from its file (blocking: may hash it once)."""
+    assert isinstance(eng.models, ManyModels)
+    out = []
+    for m in eng.models.team.models():
+        lease = eng.models.team.lease_if_loaded(m["name"])
+        if lease is not None:
+            with lease:
+                out.append(_entry(m["name"], lease.pool))
+        else:
+            out.append(_file_entry(m["name"], Path(m["path"]), model_fingerprint(m["path"]), _details(None)))
+    return out
+
+
+def _running(name: str, pool: Any) -> dict[str, Any]:
+    """A loaded model as `/api/ps` lists it."""
+    entry = _entry(name, pool)
+    return {**{k: entry[k] for k in ("name", "model", "size", "digest", "details")},
+            "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0, "context_length": pool.ctx.n_ctx}
 
 
 @router.get("/api/tags")
 async def tags(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The one model this server runs."""
+    """The models this server runs (with several: loaded or not)."""
     del who
-    return {"models": [_entry(eng)]}
+    if isinstance(eng.models, ManyModels):
+        return {"models": await eng.queue.call(_entries, eng)}
+    return {"models": [_entry(eng.model_name, _pool_model(eng))]}
 
 
 @router.get("/api/ps")
 async def ps(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The loaded model (always the one: it stays loaded while the server runs)."""
+    """The loaded models (one model stays loaded while the server runs; several load and unload)."""
     del who
-    entry = _entry(eng)
-    pool = _pool_model(eng)
-    return {"models": [{**{k: entry[k] for k in ("name", "model", "size", "digest", "details")},
-                        "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0, "context_length": pool.ctx.n_ctx}]}
+    if isinstance(eng.models, ManyModels):
+        models = eng.models
+
+        def running() -> list[dict[str, Any]]:
+            return [_running(lease.name, lease.pool) for lease in models.each_loaded()]
+
+        return {"models": await eng.queue.call(running)}
+    return {"models": [_running(eng.model_name, _pool_model(eng))]}
 
 
-@router.post("/api/show")
-async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The model's details, chat template, GGUF metadata and capabilities (any model name: there is one)."""
-    del who, req
-    pool = _pool_model(eng)
+def _show(pool: Any, name: str) -> dict[str, Any]:
+    """`/api/show` of a loaded model: details, chat template, GGUF metadata, capabilities."""
     model = pool.model
     arch = model.meta("general.architecture") or ""
     info: dict[str, Any] = {"general.architecture": arch}
@@ -215,9 +254,23 @@ async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engin
         if value is not None:
             info[key] = int(value) if value.isdigit() else value
     caps = ["completion", "tools"]
-    entry = _entry(eng)
+    entry = _entry(name, pool)
     return {"modelfile": "", "parameters": "", "template": model.chat_template() or "", "details": entry["details"],
             "model_info": info, "capabilities": caps, "modified_at": entry["modified_at"]}
+
+
+@router.post("/api/show")
+async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
+    """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it;
+    several: the one named, loaded for this if it is not)."""
+    del who
+    if eng.team is None:
+        return _show(_pool_model(eng), eng.model_name)
+    seat = await eng.models.model_seat(eng.models.choose(req.model or req.name))
+    try:
+        return _show(seat.pool, seat.name)
+    finally:
+        seat.release()
 
 
 @router.get("/api/version")

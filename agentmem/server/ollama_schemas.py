@@ -58,7 +58,7 @@ class OllamaMessage(_Body):
 
 class _Common(_Body):
     model: Text | None = None
-    """Ignored: the server has one model."""
+    """The model: ignored with one (any name gets it); with several, a model's name (unknown: 404)."""
     stream: bool = True
     format: Annotated[str | dict[str, Any] | None, Json] = None
     options: Options | None = None
@@ -185,7 +185,7 @@ def to_chat_request(req: ChatRequest) -> ChatCompletionRequest:
         raise _bad("messages", "must hold at least one message")
     return _validated(ChatCompletionRequest, {
         "messages": _messages(req.messages), "tools": req.tools or None, "response_format": _format(req.format),
-        "agent_id": req.agent_id, **_sampling(req.options),
+        "agent_id": req.agent_id, "model": req.model, **_sampling(req.options),
     })
 
 
@@ -198,7 +198,7 @@ def to_generate_request(req: GenerateRequest) -> ChatCompletionRequest | Complet
     for name in ("images", "suffix", "template", "context"):
         if getattr(req, name):
             raise _bad(name, "is not supported by this server")
-    sampling = {"agent_id": req.agent_id, **_sampling(req.options)}
+    sampling = {"agent_id": req.agent_id, "model": req.model, **_sampling(req.options)}
     if req.raw:
         if req.format:
             raise _bad("format", "cannot be used with raw (send the prompt through the chat template)")

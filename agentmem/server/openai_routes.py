@@ -1,5 +1,8 @@
 """The OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
 
+A request's `model` picks the model when the server has several (`serving.find_agent`);
+the response's `model` is the one that answered.
+
 Each route turns its request into a prepared call and hands it to `serving.respond`
 (agent resolution, admission, disconnect watching, SSE): see `serving.py`.
 """
@@ -25,13 +28,17 @@ logger = logging.getLogger(__name__)
 
 router = APIRouter()
 
+_MODEL_FIELDS = ("state", "device", "weights_bytes", "ctx_bytes", "agents", "in_use", "loads", "unloads",
+                 "prefetch_loads", "last_load_s")
+"""What `/v1/models` says of each model, with several (`ModelPool.models()`; bytes: known once loaded)."""
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
                            eng: Engine = Depends(engine)) -> Any:
     """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
-    agent_id, line = await find_agent(eng, who, request, req)
-    kind = line.kind if line is not None else ""
-    ids = R.Ids("chatcmpl", eng.model_name)
+    target = await find_agent(eng, who, request, req)
+    ids = R.Ids("chatcmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def render(event: Event) -> list[bytes]:
@@ -42,9 +49,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await respond(
-        eng, who, agent_id, request, lambda: eng.prepare_chat(agent_id, req, kind), bool(req.stream),
+        eng, who, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
         reply=lambda out: R.chat_completion(ids, out),
-        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))], line=line,
+        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
     )
 
 
@@ -52,9 +59,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
 async def completions(req: CompletionRequest, request: Request, who: Principal = Depends(principal),
                       eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
-    agent_id, line = await find_agent(eng, who, request, req)
-    kind = line.kind if line is not None else ""
-    ids = R.Ids("cmpl", eng.model_name)
+    target = await find_agent(eng, who, request, req)
+    ids = R.Ids("cmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def render(event: Event) -> list[bytes]:
@@ -68,17 +74,24 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await respond(
-        eng, who, agent_id, request, lambda: eng.prepare_completion(agent_id, req, kind), bool(req.stream),
+        eng, who, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
         reply=lambda out: R.completion(ids, out),
-        render=render, head=[], line=line,
+        render=render, head=[],
     )
 
 
 @router.get("/v1/models")
 async def models(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The one model this server runs."""
+    """The one model this server runs; with several, each with its state in an `agentmem` object."""
     del who
-    return {"object": "list", "data": [{"id": eng.model_name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
+    if eng.team is None:
+        return {"object": "list",
+                "data": [{"id": eng.model_name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
+    default = eng.team.bindings.default
+    return {"object": "list", "data": [
+        {"id": m["name"], "object": "model", "created": 0, "owned_by": "agentmem",
+         "agentmem": {"default": m["name"] == default, **{k: m[k] for k in _MODEL_FIELDS}}}
+        for m in eng.team.models()]}
 
 
 @router.get("/health")
@@ -90,8 +103,7 @@ async def health(eng: Engine = Depends(engine)) -> JSONResponse:
     refuses writes; it is `ok` again once a write commits.
     """
     if eng.ready:
-        assert eng.pool is not None
-        if eng.pool.storage_fault:
+        if eng.storage_fault:
             return JSONResponse({"status": "degraded", "archive": "full",
                                  "error": {"code": "insufficient_storage",
                                            "message": "the archive's storage is full; agents are kept in RAM"}})

@@ -20,7 +20,8 @@ limit in `param` and counts only the key's own agents:
             before starting another", "type": "rate_limit_error", "param": "max_agents", "code": "quota_exceeded"}}
 ```
 
-Agents are counted from the pool (`MemoryPool.tenant_usage`, read in a worker thread)
+Agents are counted from the pool (`MemoryPool.tenant_usage`, read in a worker thread;
+with several models, over every model: `registry.ManyModels.tenant_usage`)
 plus the new agents whose first call is admitted but not finished, so concurrent first
 calls cannot overshoot `max_agents`. A handoff's new destination counts as a new agent;
 the other agent actions never create agents (`Engine`: 404 for an unknown one).
@@ -30,15 +31,21 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
-from agentmem.pool import MemoryPool
+from agentmem.pool.tenants import TenantUsage
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 from agentmem.server.queue import Lease
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["CallLease", "Quotas"]
+
+
+class UsageSource(Protocol):
+    """What the quotas read: a `MemoryPool`, or the server's `Models` (every model's agents)."""
+
+    def tenant_usage(self, prefix: str) -> TenantUsage: ...
 
 
 def _nothing() -> None:
@@ -75,7 +82,7 @@ class Quotas:
         return (principal.max_agents or self.settings.max_agents_per_key,
                 principal.max_parked_bytes or self.settings.max_parked_bytes_per_key)
 
-    async def reserve(self, principal: Principal, agent_id: str, pool: MemoryPool) -> Callable[[], None]:
+    async def reserve(self, principal: Principal, agent_id: str, pool: UsageSource) -> Callable[[], None]:
         """Admit a call of `agent_id` under `principal`'s quotas; returns what ends its reservation.
 
         Raises:

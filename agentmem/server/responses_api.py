@@ -32,7 +32,6 @@ from typing import Any, Iterator, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from agentmem.errors import ConfigError
-from agentmem.pool.lines import Line
 from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
@@ -49,6 +48,7 @@ from agentmem.server.responses_schemas import (
 )
 from agentmem.server.responses_store import ResponseStore, StoredResponse, scope_of
 from agentmem.server.schemas import ChatCompletionRequest
+from agentmem.server.registry import Target
 from agentmem.server.serving import find_agent, respond
 
 __all__ = ["router", "store_of"]
@@ -265,13 +265,15 @@ class _Events:
 
 # ---------------------------------------------------------------------------- routes
 async def _agent_of(eng: Engine, who: Principal, request: Request, chat: ChatCompletionRequest,
-                    prev: StoredResponse | None) -> tuple[str, Line | None]:
+                    prev: StoredResponse | None) -> Target:
     """The agent: one the request names, else the previous response's, else the line its prompt continues."""
     if prev is None:
         return await find_agent(eng, who, request, chat)
+    model = eng.models.choose(chat.model)
     named = resolve_agent_id(who, header=agent_header(request.headers), user=chat.user, extension=chat.agent_id,
                              anonymous="lines")  # "lines": None when none is named (the previous one is)
-    return (named if named is not None else authorize(who, prev.agent_id, field="previous_response_id")), None
+    agent_id = named if named is not None else authorize(who, prev.agent_id, field="previous_response_id")
+    return await eng.seat(agent_id, model)
 
 
 @router.post("/v1/responses")
@@ -288,19 +290,18 @@ async def create_response(req: ResponseCreateRequest, request: Request, who: Pri
     turn = _Turn(req, eng.model_name, list(prev.items) if prev is not None else [], own, store, scope)
     with _responses_fields():
         chat = to_chat(req, [*turn.history, *own])
-        agent_id, line = await _agent_of(eng, who, request, chat, prev)
-    turn.agent_id = agent_id
-    kind = line.kind if line is not None else ""
+        target = await _agent_of(eng, who, request, chat, prev)
+    turn.agent_id, turn.model = target.agent_id, target.model
 
     async def prepare() -> Any:
         with _responses_fields():
-            return await eng.prepare_chat(agent_id, chat, kind)
+            return await eng.prepare_chat(target, chat)
 
     events = _Events(turn)
     return await respond(
-        eng, who, agent_id, request, prepare, req.stream,
+        eng, who, target, request, prepare, req.stream,
         reply=lambda out: turn.finish(out, turn.output(out, None)),
-        render=events.render, head=events.head() if req.stream else [], line=line, done=[], error_chunk=events.error,
+        render=events.render, head=events.head() if req.stream else [], done=[], error_chunk=events.error,
     )
 
 

@@ -124,7 +124,8 @@ class StreamOptions(_Body):
 
 class _Sampling(_Body):
     model: Text | None = None
-    """Ignored: the server has one model (echoed back as `model_name`)."""
+    """The model to run: with one model ignored (any name gets it, echoed back as `model_name`); with
+    several, a model's name (unknown: 404 `model_not_found`), default the agent's model or the first."""
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

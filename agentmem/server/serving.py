@@ -25,13 +25,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from agentmem.pool.lines import Line
 from agentmem.server import responses as R
 from agentmem.server.auth import Principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import from_exception
 from agentmem.server.identity import AGENT_HEADER, agent_header, resolve_agent_id
 from agentmem.server.queue import Lease
+from agentmem.server.registry import Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["SSEResponse", "find_agent", "respond", "with_agent"]
@@ -131,14 +131,16 @@ async def _unless_gone(request: Request, work: Awaitable[_T]) -> _T:
 
 
 async def find_agent(eng: Engine, who: Principal, request: Request,
-                 req: ChatCompletionRequest | CompletionRequest) -> tuple[str, Line | None]:
-    """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed."""
+                     req: ChatCompletionRequest | CompletionRequest) -> Target:
+    """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed;
+    with the lease on its model (the request's `model`, the agent's, or the default: the one place
+    a request's model is chosen). Release it with the call (`respond` does)."""
+    model = eng.models.choose(req.model)
     named = resolve_agent_id(who, header=agent_header(request.headers), user=req.user, extension=req.agent_id,
-                             anonymous=eng.settings.anonymous)
+                             anonymous=eng.settings.anonymous, model=eng.models.per_key_model(model))
     if named is not None:
-        return named, None
-    line = await eng.find_line(who, req)
-    return line.agent_id, line
+        return await eng.seat(named, model)
+    return await eng.find_line(who, req, model)
 
 
 def with_agent(response: Response, agent_id: str) -> Response:
@@ -148,20 +150,22 @@ def with_agent(response: Response, agent_id: str) -> Response:
 
 
 async def respond(
-    eng: Engine, who: Principal, agent_id: str, request: Request, prepare: Callable[[], Awaitable[Any]],
+    eng: Engine, who: Principal, target: Target, request: Request, prepare: Callable[[], Awaitable[Any]],
     stream: bool, *,
     reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
-    line: Line | None = None, done: list[bytes] | None = None,
+    done: list[bytes] | None = None,
     error_chunk: Callable[[Exception], list[bytes]] = _openai_error, media_type: str = "text/event-stream",
 ) -> Any:
     """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end.
 
     Until the response starts, a client that disconnects cancels the call (`_unless_gone`).
-    The response names its agent in the `X-Agent-Id` header; `line`'s claim ends with the lease.
+    The response names its agent in the `X-Agent-Id` header; the target's line claim and
+    model lease end with the admission lease (the model stays loaded until the stream ends).
     A stream ends with `done` (OpenAI's `[DONE]` unless given); an error after its first
     chunk becomes `error_chunk(exc)`; `media_type` is `application/x-ndjson` for Ollama.
     """
-    lease = await eng.admit_call(who, agent_id, line=line)
+    agent_id = target.agent_id
+    lease = await eng.admit_call(who, target)
     streaming = False
     events: AsyncIterator[Event] | None = None
 
@@ -169,8 +173,8 @@ async def respond(
         nonlocal events
         call = await prepare()
         if not stream:
-            return await eng.collect(call)
-        events = eng.run(call)
+            return await eng.collect(call, target)
+        events = eng.run(call, target)
         return await _start(events)
 
     try:
