@@ -24,7 +24,7 @@ class ParkedState:
     With `block` set, `data` holds only the agent's private cells: the
     shared prefix's cells are in that `agentmem.memory.shared.KVBlock`
     and `order` joins the two (`agentmem.codec.join_state`).
-    With `swa_order` set, `swa_ckpt` holds only the checkpoint's cells that the
+    With `window_order` set, `window_ckpt` holds only the checkpoint's cells that the
     state's own sliding-window layers lack (the reply's), joined on use.
     """
 
@@ -32,15 +32,15 @@ class ParkedState:
     codec: str
     n_tokens: int
     #: sliding-window layers as of the last prompt's end (see MemoryPool), kept in RAM only
-    swa_ckpt: np.ndarray | None = None
+    window_ckpt: np.ndarray | None = None
     block: str | None = None
     order: np.ndarray | None = None
-    swa_order: np.ndarray | None = None
+    window_order: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         n = int(self.data.nbytes)
-        for extra in (self.swa_ckpt, self.order, self.swa_order):
+        for extra in (self.window_ckpt, self.order, self.window_order):
             if extra is not None:
                 n += int(extra.nbytes)
         return n

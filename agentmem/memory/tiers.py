@@ -136,8 +136,8 @@ class ColdTier(Tier):
             ckpt = np.frombuffer(got[0], dtype=np.uint8)
             ck_order = None if got[1] is None else np.frombuffer(got[1], dtype="<i4").astype(np.int32)
         return ParkedState(
-            np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens, swa_ckpt=ckpt, block=st.block_id,
-            order=order, swa_order=ck_order,
+            np.frombuffer(st.blob, dtype=np.uint8), st.codec, st.n_tokens, window_ckpt=ckpt, block=st.block_id,
+            order=order, window_order=ck_order,
         )
 
     def delete(self, agent_id: str) -> None:

@@ -147,7 +147,7 @@ class Mover:
             blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
             stored = dataclasses.replace(
                 core.codec(codec).encode(blob, n_tokens=stored.n_tokens),
-                block=stored.block, order=stored.order, swa_ckpt=stored.swa_ckpt, swa_order=stored.swa_order,
+                block=stored.block, order=stored.order, window_ckpt=stored.window_ckpt, window_order=stored.window_order,
             )
         self._store(a, dst, stored)
         if src == "warm":

@@ -100,9 +100,9 @@ class Persister:
                         raise StateError(f"shared block {state.block!r} of agent {a.id!r} is gone")
                     self.blocks.archive(b)
                 core.tiers["cold"].put(a.id, state)
-                if state.swa_ckpt is not None and a.prompt_end[1] > 0:
-                    order = None if state.swa_order is None else np.ascontiguousarray(state.swa_order, "<i4")
-                    archive.put_checkpoint(a.id, state.swa_ckpt, prompt_end=a.prompt_end, layout=order, **fenced)
+                if state.window_ckpt is not None and a.prompt_end[1] > 0:
+                    order = None if state.window_order is None else np.ascontiguousarray(state.window_order, "<i4")
+                    archive.put_checkpoint(a.id, state.window_ckpt, prompt_end=a.prompt_end, layout=order, **fenced)
 
     def _register(self, rec: AgentRecord) -> AgentState | None:
         """`rec`'s agent as COLD (EMPTY without a state) in the pool's registry; None without a ledger."""

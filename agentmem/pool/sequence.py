@@ -239,15 +239,15 @@ class AgentSeq:
                 self._seqs.blocks.leave(a)
                 raise StateError(f"agent {a.id!r}: its live state could not be reloaded after the checkpoint")
             self.shared_upto = 0
-        return dataclasses.replace(state, swa_ckpt=ck[0], swa_order=ck[1])
+        return dataclasses.replace(state, window_ckpt=ck[0], window_order=ck[1])
 
     # ------------------------------------------------------------------ filling
     def _resume(self, parked: ParkedState) -> None:
         """Take over what a restored parked state brings besides its cells."""
         self._gap = parked.block is not None  # the block's cells, then the private window
-        self._ckpt = parked.swa_ckpt
-        if parked.swa_ckpt is not None and parked.swa_order is not None:
-            self._ckpt = (parked.swa_ckpt, parked.swa_order)  # joined only if used (window.py)
+        self._ckpt = parked.window_ckpt
+        if parked.window_ckpt is not None and parked.window_order is not None:
+            self._ckpt = (parked.window_ckpt, parked.window_order)  # joined only if used (window.py)
 
     def _check_end(self) -> None:
         """The cells end where the ledger's live tokens do (after a load)."""

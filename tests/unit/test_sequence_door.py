@@ -169,7 +169,7 @@ def test_a_link_that_misses_window_cells_leaves_the_sequence_empty_and_nothing_s
 def test_clear_forgets_what_came_with_the_cells() -> None:
     kv, ctx, _, _ = door(10)
     ctx.pos_max = 9
-    kv.load(np.zeros(4, np.uint8), ParkedState(np.zeros(4, np.uint8), "f16", 10, swa_ckpt=np.ones(2, np.uint8)))
+    kv.load(np.zeros(4, np.uint8), ParkedState(np.zeros(4, np.uint8), "f16", 10, window_ckpt=np.ones(2, np.uint8)))
     kv.shared_upto = 5
     kv.clear()
     assert ctx.calls[-1] == ("rm", 3, -1, -1) and kv.shared_upto == 0
