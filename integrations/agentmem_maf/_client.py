@@ -289,20 +289,20 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     async def _stream(self, agent: str, messages: Sequence[Message],
                       options: Mapping[str, Any]) -> AsyncIterator[ChatResponseUpdate]:
-        async for item in self._run(agent, messages, options):
-            if isinstance(item, str):
-                yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
-                continue
-            outcome, model = item
-            contents = _contents(outcome) if outcome.reply.is_call else (
-                [Content.from_text(outcome.rest)] if outcome.rest else [])
-            yield ChatResponseUpdate(
-                role="assistant",
-                contents=[*contents, Content.from_usage(usage_details(outcome.all_results))],
-                model=model,
-                finish_reason=outcome.finish_reason,  # type: ignore[arg-type]
-            )
-
+        async with contextlib.aclosing(self._run(agent, messages, options)) as items:  # closed with this stream
+            async for item in items:
+                if isinstance(item, str):
+                    yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
+                    continue
+                outcome, model = item
+                contents = _contents(outcome) if outcome.reply.is_call else (
+                    [Content.from_text(outcome.rest)] if outcome.rest else [])
+                yield ChatResponseUpdate(
+                    role="assistant",
+                    contents=[*contents, Content.from_usage(usage_details(outcome.all_results))],
+                    model=model,
+                    finish_reason=outcome.finish_reason,  # type: ignore[arg-type]
+                )
 
 def _contents(outcome: CallOutcome) -> list[Content]:
     """The reply as MAF contents: its calls (and the text before them), or its text."""
