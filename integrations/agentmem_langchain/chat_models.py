@@ -78,6 +78,16 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         model.with_config(configurable={"agent_id": "reviewer"}).invoke("Hi")
         ```
 
+    Several models (each call runs on its agent's model, held loaded until the reply ends):
+        ```python
+        from agentmem.models import ModelPool
+
+        team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+        planner = ChatAgentMem(pool=team, agent_id="plan", model="planner")
+        coder = ChatAgentMem(pool=team, agent_id="code", model="coder")
+        planner.invoke("Plan a page.").response_metadata["model_name"]   # 'planner'
+        ```
+
     Stream (usage arrives on the last chunk):
         ```python
         pieces = [chunk.content for chunk in writer.stream("Write a haiku.")]
