@@ -7,12 +7,14 @@ two pools of the tiny model; the real two-model run is
 
 from __future__ import annotations
 
+from typing import Any
 
 import pytest
 
 pytest.importorskip("langchain_core")
 
 from langchain_core.messages import HumanMessage  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
 from agentmem import MemoryPool  # noqa: E402
@@ -104,3 +106,19 @@ def test_the_llm_runs_on_its_agents_model_too(
     pieces = list(llm.stream("Once upon a time there"))
     assert pieces and where(tiny_model_pools, "lc-llm") == ["big"]
     assert wait_released(model_team)
+
+
+def test_a_tool_call_reply_holds_the_agent_on_its_models_pool(
+        model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool], monkeypatch: pytest.MonkeyPatch) -> None:
+    held: list[tuple[str, str, Any]] = []
+    for name, pool in tiny_model_pools.items():
+        monkeypatch.setattr(pool, "hold", lambda agent_id, ttl_s=None, name=name: held.append((name, agent_id, ttl_s)))
+
+    @tool
+    def ping() -> str:
+        """Check the connection."""
+        return "pong"
+
+    coder = ChatAgentMem(pool=model_team, agent_id="lc-hold", model="big", max_tokens=24)
+    assert coder.bind_tools([ping], tool_choice="ping").invoke("Ping.").tool_calls
+    assert held == [("big", "lc-hold", None)] and model_team.fake_tier.held == 0
