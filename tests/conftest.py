@@ -10,6 +10,8 @@ Fixtures:
         empty schema per test (``tests/fixtures/postgres.py``).
     backend, archive_target, arc: an archive test run over SQLite and PostgreSQL
         (``tests/fixtures/archives.py``).
+    tiny_model_pools, model_team: two tiny-model pools and a fake ``ModelPool`` over them
+        (``tests/fixtures/model_pools.py``).
 
 All are built once per session into a pytest temporary directory, in milliseconds.
 """
@@ -30,6 +32,7 @@ if str(_REPO_ROOT) not in sys.path:
 
 from tests.fixtures.archives import arc, archive_target, backend  # noqa: E402,F401 - the archive contract fixtures
 from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,F401 - a real PostgreSQL server
+from tests.fixtures.model_pools import tiny_model_pools, model_team  # noqa: E402,F401 - a fake ModelPool, tiny pools
 from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
 
 _MARKERS: dict[str, str] = {

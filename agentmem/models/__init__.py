@@ -7,6 +7,7 @@
 `policy.py` holds the unload strategies (`cost`: reload time × likelihood of next use; `lru`).
 `lease.py` holds `ModelLease`: one use of a loaded model, never unloaded until released.
 `workflow.py` says which agent comes next (hints, else a successor predictor), for prefetch.
+`seats.py` gives one call of a front-end its model (`seat`, `aseat`): a `MemoryPool` as it is, or a lease.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from agentmem.models.lease import ModelLease
 from agentmem.models.policy import CostUnload, LruUnload, UnloadPolicy
 from agentmem.models.pool import ModelPool
+from agentmem.models.seats import Pools, aseat, seat
 from agentmem.models.specs import ModelSpec
 
-__all__ = ["CostUnload", "LruUnload", "ModelLease", "ModelPool", "ModelSpec", "UnloadPolicy"]
+__all__ = ["CostUnload", "LruUnload", "ModelLease", "ModelPool", "ModelSpec", "Pools", "UnloadPolicy", "aseat", "seat"]

@@ -142,6 +142,10 @@ class ModelPool:
                      "loads": s.loads, "unloads": s.unloads, "prefetch_loads": s.prefetch_loads,
                      "last_load_s": round(s.load_s, 3)} for n, s in self.tier.slots.items()]
 
+    def config_of(self, model: str) -> PoolConfig:
+        """The `PoolConfig` `model`'s `MemoryPool` is (or will be) opened with; loads nothing."""
+        return self.tier.slots[self.bindings.check_model(model)].config
+
     def pool(self, model: str) -> MemoryPool:
         """`model`'s `MemoryPool`, loaded now (for what the model pool does not wrap; do not close it)."""
         self._check_open()
@@ -229,23 +233,33 @@ class ModelPool:
             yield item
 
     # ------------------------------------------------------------------ hints and prefetch
-    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True) -> None:
+    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True, scope: str | None = None) -> None:
         """The agents expected next, in order: each loaded model gets its own agents' order
-        (`MemoryPool.expect`), and the model of the first expected agent is loaded in the background."""
+        (`MemoryPool.expect`, under `scope`), and the model of the first expected agent is
+        loaded in the background. The order models are prefetched and kept by is one for
+        every scope: the latest hint's."""
         self.workflow.expect(agent_ids)
         for name in self.tier.loaded():
-            self._apply_hints(name, soon=soon)
+            self._apply_hints(name, soon=soon, scope=scope)
         self._prefetch()
+
+    def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
+        """`MemoryPool.hold` on the agent's model when it is loaded (a hint: nothing is loaded for it)."""
+        name = self.bindings.of(agent_id)
+        lease = None if name is None else self.lease_if_loaded(name)
+        if lease is not None:
+            with lease:
+                lease.pool.hold(agent_id, ttl_s=ttl_s)
 
     def _next_step(self, model: str) -> int | None:
         return self.workflow.next_step(lambda a: self.bindings.of(a) == model)
 
-    def _apply_hints(self, name: str, *, soon: bool = True) -> None:
+    def _apply_hints(self, name: str, *, soon: bool = True, scope: str | None = None) -> None:
         slot = self.tier.slots[name]
         order = self.workflow.order(lambda a: self.bindings.of(a) == name)
         pool = slot.pool
         if pool is not None and not pool.closed and order:
-            pool.expect(order, soon=soon)
+            pool.expect(order, soon=soon, scope=scope)
 
     def _on_load(self, slot: ModelSlot) -> None:
         self._apply_hints(slot.spec.name)

@@ -24,17 +24,16 @@ derived again under `{scope}{model}/`.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from agentmem.archive import open_archive
-from agentmem.errors import CallCancelledError, UnknownAgentError
+from agentmem.errors import UnknownAgentError
 from agentmem.memory.shared import SHARE_PREFIX
 from agentmem.models import ModelLease, ModelPool
+from agentmem.models.seats import alease
 from agentmem.pool import MemoryPool
 from agentmem.pool.lines import Line
 from agentmem.pool.tenants import TenantUsage
@@ -193,28 +192,8 @@ class ManyModels:
 
     # ------------------------------------------------------------------ leases
     async def _leased(self, take: Callable[[], ModelLease]) -> ModelLease:
-        """`take()` in a worker thread (it may load a model); a lease taken for a caller gone is released."""
-        lock = threading.Lock()
-        box: dict[str, Any] = {}
-
-        def work() -> ModelLease:
-            lease = take()
-            with lock:
-                if box.get("gone"):
-                    lease.release()
-                    raise CallCancelledError("the request went away while its model loaded")
-                box["lease"] = lease
-            return lease
-
-        try:
-            return await self._call(work)
-        except asyncio.CancelledError:
-            with lock:
-                box["gone"] = True
-                lease = box.pop("lease", None)
-            if lease is not None:
-                lease.release()
-            raise
+        """`take()` in a worker thread the shutdown waits for (it may load a model); see `alease`."""
+        return await alease(take, call=self._call)
 
     async def seat(self, agent_id: str, model: str | None) -> ModelLease:
         return await self._leased(functools.partial(self.team.lease, agent_id, model=model))

@@ -8,6 +8,7 @@ kept KV instead of being prefilled again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
 
@@ -26,8 +27,10 @@ from autogen_core.tools import Tool, ToolSchema
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
-from agentmem import ChatResult, MemoryPool, PoolConfig
-from agentmem.tools import hold_pool, release
+from agentmem import ChatResult, ConfigError, MemoryPool, ModelPool, PoolConfig
+from agentmem.models import ModelLease, Pools
+from agentmem.models.seats import aseat, hold_pools, model_for, seat
+from agentmem.tools import release
 
 from ._execute import execute
 from ._memory import pin_facts
@@ -130,10 +133,21 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     JSON: `json_output=True` constrains the reply to a JSON object,
     `json_output=SomeModel` to the pydantic model's schema.
 
+    Several models: `pool=` an `agentmem.ModelPool` runs each call on its agent's model
+    (`model=` binds a new agent to one, else the pool's default), held loaded — never
+    unloaded by the budget — until the reply is done or the stream is closed:
+    ```python
+    team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+    planner = AgentMemChatCompletionClient(team, agent_id="planner", model="planner")
+    coder = AgentMemChatCompletionClient(team, agent_id="coder", model="coder")
+    ```
+
     Args:
-        pool: the shared pool. `None`: the open pool of `pool_config` in this
+        pool: the shared pool, or a `ModelPool`. `None`: the open pool of `pool_config` in this
             process, loaded once if none is open (the clients that loaded it close it).
         agent_id: the agent whose KV this client uses; `None` = the calling AutoGen agent.
+        model: with a `ModelPool`, the model a new agent is bound to (`None`: the pool's
+            default); a bound agent keeps its own, and naming another raises `ModelMismatchError`.
         pool_config: configuration of the pool to use when `pool` is `None`
             (a `agentmem.PoolConfig` or a dict of its fields).
         max_tokens: default generation limit per call.
@@ -168,9 +182,10 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     def __init__(
         self,
-        pool: MemoryPool | None = None,
+        pool: MemoryPool | ModelPool | None = None,
         *,
         agent_id: str | None = None,
+        model: str | None = None,
         pool_config: PoolConfig | Mapping[str, Any] | None = None,
         max_tokens: int = 256,
         temperature: float = 0.0,
@@ -195,7 +210,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             validate_model_info(model_info)
         self._model_info: ModelInfo = model_info or dict(self.DEFAULT_MODEL_INFO)  # type: ignore[assignment]
         self._model_info_overridden = model_info is not None
-        self._pool, self._owns_pool = hold_pool(pool, pool_config, _open_pool, pool_type=MemoryPool)  # last: a failed check leaks no pool
+        # last: a failed check leaks no pool
+        self._pool, self._owns_pool = hold_pools(pool, pool_config, _open_pool, model=model)
+        self._model = model
         self._agent_id = agent_id
         self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False
@@ -206,9 +223,14 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ properties
     @property
-    def pool(self) -> MemoryPool:
-        """The shared `agentmem.MemoryPool`."""
+    def pool(self) -> Pools:
+        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
         return self._pool
+
+    @property
+    def model(self) -> str | None:
+        """The `ModelPool` model a new agent of this client is bound to (`None`: the default)."""
+        return self._model
 
     @property
     def agent_id(self) -> str | None:
@@ -225,6 +247,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ component
     def _to_config(self) -> AgentMemChatCompletionClientConfig:
+        if isinstance(self._pool, ModelPool):
+            raise ConfigError("pool: a client over a ModelPool cannot be dumped as a component "
+                              "(the ModelPool is the application's; build the client in code)")
         return AgentMemChatCompletionClientConfig(
             agent_id=self._agent_id,
             pool=self._pool.config.to_dict(),
@@ -262,15 +287,22 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         """Prompt tokens `messages` render to through the model's chat template (tools block included)."""
-        agent = self._resolve_agent_id()
-        conv, kw = with_tools(
-            to_agentmem_messages(messages), tool_schemas(tools) or self._agent_tools.get(agent, []), self._pool.tool_format
-        )
-        return self._pool.count_tokens(conv, **kw)
+        return self._count(messages, tools)[0]
 
     def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         """Tokens left in the agent's capacity after `messages`."""
-        return max(0, self._pool.capacity - self.count_tokens(messages, tools=tools))
+        used, capacity = self._count(messages, tools)
+        return max(0, capacity - used)
+
+    def _count(self, messages: Sequence[LLMMessage], tools: Sequence[Tool | ToolSchema]) -> tuple[int, int]:
+        """`(prompt tokens, agent capacity)` on the agent's model (a `ModelPool`'s is loaded for it; nothing is bound)."""
+        agent = self._resolve_agent_id()
+        with seat(self._pool, None, model=model_for(self._pool, agent, self._model)) as lease:
+            pool = lease.pool
+            conv, kw = with_tools(
+                to_agentmem_messages(messages), tool_schemas(tools) or self._agent_tools.get(agent, []), pool.tool_format
+            )
+            return pool.count_tokens(conv, **kw), pool.capacity
 
     async def close(self) -> None:
         """Stop using the pool (closes it when this was the last client of a pool it loaded)."""
@@ -297,12 +329,16 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             ValueError: bad messages, tools, `tool_choice`, `json_output` or create args.
             asyncio.CancelledError: `cancellation_token` was cancelled (generation stops).
             agentmem.ContextOverflowError: the prompt does not fit the agent's capacity.
+            agentmem.ModelMismatchError: on a `ModelPool`, the agent is bound to another model than `model`.
         """
-        plan = self._plan(messages, tools, tool_choice, json_output, extra_create_args)
+        sampling = self._sampling(extra_create_args)
+        agent = self._resolve_agent_id()
         result: CreateResult | None = None
-        async for item in self._execute(plan, cancellation_token, stream=False):
-            if isinstance(item, CreateResult):
-                result = item
+        with await self._seat(agent) as lease:
+            plan = self._plan(lease.pool, agent, sampling, messages, tools, tool_choice, json_output)
+            async for item in self._execute(lease.pool, plan, cancellation_token, stream=False):
+                if isinstance(item, CreateResult):
+                    result = item
         assert result is not None
         event_logger.info(
             LLMCallEvent(
@@ -327,14 +363,20 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         """Like `create`, yielding text pieces as they are generated and the `CreateResult` last.
 
         A reply that is a tool call yields no text pieces (its calls are in the result).
+        On a `ModelPool` the model stays held until the stream ends or is closed.
         """
-        plan = self._plan(messages, tools, tool_choice, json_output, extra_create_args)
-        event_logger.info(LLMStreamStartEvent(messages=plan.messages))
+        sampling = self._sampling(extra_create_args)
+        agent = self._resolve_agent_id()
         result: CreateResult | None = None
-        async for item in self._execute(plan, cancellation_token, stream=True):
-            if isinstance(item, CreateResult):
-                result = item
-            yield item
+        with await self._seat(agent) as lease:
+            plan = self._plan(lease.pool, agent, sampling, messages, tools, tool_choice, json_output)
+            event_logger.info(LLMStreamStartEvent(messages=plan.messages))
+            # closed before the seat is released (a stream left early stops its generation first)
+            async with contextlib.aclosing(self._execute(lease.pool, plan, cancellation_token, stream=True)) as items:
+                async for item in items:
+                    if isinstance(item, CreateResult):
+                        result = item
+                    yield item
         assert result is not None
         event_logger.info(
             LLMStreamEndEvent(
@@ -354,21 +396,29 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             return FALLBACK_AGENT_ID
         return runtime_agent_id(aid)
 
-    def _plan(
-        self,
-        messages: Sequence[LLMMessage],
-        tools: Sequence[Tool | ToolSchema],
-        tool_choice: Any,
-        json_output: Any,
-        extra_create_args: Mapping[str, Any],
-    ) -> _Plan:
-        """The `_Plan` of one call (`plan_call` with this client's options and the agent's tools)."""
+    async def _seat(self, agent: str) -> ModelLease:
+        """The seat of one call (`agentmem.models.aseat`): this pool as it is, or a lease on the agent's model."""
+        return await aseat(self._pool, agent, model=self._model)
+
+    def _sampling(self, extra_create_args: Mapping[str, Any]) -> dict[str, Any]:
+        """This client's sampling defaults under the call's `extra_create_args` (checked before any model is held)."""
         if self._closed:
             raise RuntimeError("this AgentMemChatCompletionClient is closed")
         extra = dict(extra_create_args)
         check_args(extra, "extra_create_args")
-        sampling = {**self._defaults, **extra}
-        agent = self._resolve_agent_id()
+        return {**self._defaults, **extra}
+
+    def _plan(
+        self,
+        pool: MemoryPool,
+        agent: str,
+        sampling: dict[str, Any],
+        messages: Sequence[LLMMessage],
+        tools: Sequence[Tool | ToolSchema],
+        tool_choice: Any,
+        json_output: Any,
+    ) -> _Plan:
+        """The `_Plan` of one call on `pool`, its agent's model's pool (`plan_call` with this client's options and the agent's tools)."""
         learn_runtime_id(self._pool, agent)
         conv = to_agentmem_messages(messages)
         schemas = tool_schemas(tools)
@@ -381,7 +431,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             schemas,
             # keep the prompt (and so the KV prefix) stable on calls without tools
             schemas or self._agent_tools.get(agent, []),
-            self._pool.tool_format,
+            pool.tool_format,
             tool_choice,
             json_output,
             parallel=self._parallel,
@@ -395,23 +445,24 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             self.on_result(plan.agent_id, result)
 
     async def _execute(
-        self, plan: _Plan, token: CancellationToken | None, *, stream: bool
+        self, pool: MemoryPool, plan: _Plan, token: CancellationToken | None, *, stream: bool
     ) -> AsyncGenerator[str | CreateResult, None]:
-        """`execute` on this client's pool, counting the call's tokens before its result is yielded.
+        """`execute` on `pool` (the seat's), counting the call's tokens before its result is yielded.
 
         Hints for the pool (see `agentmem_autogen._hints`): a selection call expects its
-        candidates, then its answer; a reply that is a tool call holds the agent.
+        candidates, then its answer (told to this client's pool, a `ModelPool` too); a
+        reply that is a tool call holds the agent on its model's pool.
         """
         candidates = candidate_names(plan.messages) if self._speaker_selection else []
         if candidates:
             await selection_started(self._pool, plan.agent_id, candidates)
-        async for item in execute(self._pool, plan, token, self._record, stream=stream):
+        async for item in execute(pool, plan, token, self._record, stream=stream):
             if isinstance(item, CreateResult):
                 if item.finish_reason == "function_calls":
-                    await hold_after_call(self._pool, plan.agent_id)
+                    await hold_after_call(pool, plan.agent_id)
                 elif candidates and isinstance(item.content, str):
                     await selection_done(self._pool, plan.agent_id, item.content, candidates)
-                await pin_facts(self._pool, plan.agent_id, plan.messages)
+                await pin_facts(pool, plan.agent_id, plan.messages)
                 usage = item.usage
                 self._last_usage = usage
                 self._total_usage = RequestUsage(
@@ -427,12 +478,12 @@ def _open_pool(config: PoolConfig) -> MemoryPool:
 
 
 def clients_for(
-    pool: MemoryPool, agent_ids: Iterable[str], **options: Any
+    pool: MemoryPool | ModelPool, agent_ids: Iterable[str], **options: Any
 ) -> dict[str, AgentMemChatCompletionClient]:
     """One client per agent over one pool: `{agent_id: client}`.
 
     Args:
-        pool: the shared pool.
+        pool: the shared pool (a `ModelPool` too: pass `model=` to bind them all to one model).
         agent_ids: distinct ids (give a `SelectorGroupChat`'s selector one of its own).
         **options: keyword arguments for every client (`max_tokens`, `temperature`,
             `create_args`, ...).

@@ -15,6 +15,8 @@ from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_
 from agentmem import tools as _tools
 from agentmem import validation as check
 from agentmem.calls import turns_for
+from agentmem.models import ModelLease, ModelPool, Pools
+from agentmem.models.seats import aseat, check_model, model_for, model_name, seat
 
 from ._hints import GraphFollower, follower_for, hold_after_reply
 from ._identity import AgentIdFromConfig, resolve_agent
@@ -95,10 +97,17 @@ class AgentMemFields(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    pool: MemoryPool | None = Field(default=None, exclude=True)
-    """The `agentmem.MemoryPool` to run on. Several model objects (one per
-    agent) can share one pool. `None`: a process-wide pool for `model_path` and
-    `pool_options`, created on first use (constructing this object loads nothing)."""
+    pool: MemoryPool | ModelPool | None = Field(default=None, exclude=True)
+    """The `agentmem.MemoryPool` to run on, or an `agentmem.ModelPool` (agents on
+    several models: each call runs on its agent's model, held loaded until the reply
+    ends). Several model objects (one per agent) can share one pool. `None`: a
+    process-wide pool for `model_path` and `pool_options`, created on first use
+    (constructing this object loads nothing)."""
+
+    model: str | None = None
+    """With a `ModelPool`: the model a new agent is bound to on its first call
+    (`None`: the pool's default); a bound agent keeps its model, and naming
+    another raises `ModelMismatchError`. Only with `pool=ModelPool(...)`."""
 
     model_path: str | None = None
     """GGUF file of the shared pool (ignored when `pool` is given); `None` =
@@ -175,19 +184,40 @@ class AgentMemFields(BaseModel):
             raise ValueError("pass either pool=... or model_path/pool_options (for the shared pool), not both")
         if self.pool_options:
             PoolConfig.build(**self.pool_options)  # cheap: validates names and values now, loads nothing
+        check_model(self.pool, self.model)
         return self
 
     # ------------------------------------------------------------------ pool and names
-    def get_pool(self) -> MemoryPool:
-        """The pool this object runs on (creates the shared pool on first use)."""
+    def get_pool(self) -> Pools:
+        """The pool this object runs on: `pool` as given (a `ModelPool` too), else the shared pool (created on first use)."""
         if self.pool is not None:
             return self.pool
         return shared_pool(self.model_path, **self.pool_options)
 
+    def _seat(self, agent_id: str | None) -> ModelLease:
+        """The seat of one call of `agent_id` (`agentmem.models.seat`): `with` it; `.pool` is the model's pool."""
+        return seat(self.get_pool(), agent_id, model=self.model)
+
+    async def _aseat(self, agent_id: str) -> ModelLease:
+        """`_seat` from a coroutine (a model's load runs in a worker thread)."""
+        return await aseat(self.get_pool(), agent_id, model=self.model)
+
+    def _model_seat(self) -> ModelLease:
+        """A seat on the model of this object's own agent, for what is not a call (counting tokens); binds nothing."""
+        pools = self.get_pool()
+        return seat(pools, None, model=model_for(pools, self.agent_id, self.model))
+
+    def _seat_name(self, seat: ModelLease) -> str:
+        """The model name a reply of `seat` reports: `model_name`, else the seat's model, else `resolved_model_name()`."""
+        return self.model_name or seat.name or self.resolved_model_name()
+
     def resolved_model_name(self) -> str:
-        """`model_name`, else the model file's stem (`gemma-3-270m-q4_k_m`)."""
+        """`model_name`; else, on a `ModelPool`, the model of this object's agent (its binding, `model`,
+        else the default); else the model file's stem (`gemma-3-270m-q4_k_m`)."""
         if self.model_name:
             return self.model_name
+        if isinstance(self.pool, ModelPool):
+            return model_name(self.pool, self.agent_id, self.model)
         if self._model_name is None:
             if self.pool is not None:
                 self._model_name = Path(self.pool.model_path).stem
@@ -202,7 +232,8 @@ class AgentMemFields(BaseModel):
         """Token ids of `text` in the model's own vocabulary (loads the shared pool if needed; no BOS, no chat template)."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        return self.get_pool().model.tokenize(text)
+        with self._model_seat() as lease:
+            return lease.pool.model.tokenize(text)  # type: ignore[no-any-return]
 
     def get_num_tokens(self, text: str) -> int:
         """Tokens of `text` with the model's tokenizer (no chat template)."""

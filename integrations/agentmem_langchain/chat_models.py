@@ -18,8 +18,10 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_core.language_models.model_profile import ModelProfile
 
-from agentmem import PoolConfig
+from agentmem import MemoryPool, PoolConfig
 from agentmem.calls import CallOutcome, CallRunner
+from agentmem.models import ModelLease, ModelPool
+from agentmem.models.seats import model_for
 
 from ._common import AgentMemFields, timings_dict, usage_dict
 from ._messages import to_pool_messages
@@ -76,6 +78,16 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         model.with_config(configurable={"agent_id": "reviewer"}).invoke("Hi")
         ```
 
+    Several models (each call runs on its agent's model, held loaded until the reply ends):
+        ```python
+        from agentmem.models import ModelPool
+
+        team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+        planner = ChatAgentMem(pool=team, agent_id="plan", model="planner")
+        coder = ChatAgentMem(pool=team, agent_id="code", model="coder")
+        planner.invoke("Plan a page.").response_metadata["model_name"]   # 'planner'
+        ```
+
     Stream (usage arrives on the last chunk):
         ```python
         pieces = [chunk.content for chunk in writer.stream("Write a haiku.")]
@@ -130,7 +142,10 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         else the per-agent capacity (`agent_capacity`, else `n_ctx`). Known without
         loading the model when built from `pool_options`.
         """
-        if self.pool is not None:
+        if isinstance(self.pool, ModelPool):  # the model's configuration: nothing is loaded for it
+            cfg = self.pool.config_of(model_for(self.pool, self.agent_id, self.model) or "")
+            capacity = cfg.agent_capacity or cfg.n_ctx
+        elif self.pool is not None:
             cfg, capacity = self.pool.config, self.pool.capacity
         else:
             cfg = PoolConfig.build(**({"model_path": self.model_path} if self.model_path else {}), **self.pool_options)
@@ -147,7 +162,8 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             tools: tools as `bind_tools` takes them.
         """
         specs = [t.as_dict() for t in normalize_tools(tools)] if tools else None
-        return self.get_pool().count_tokens(to_pool_messages(messages), tools=specs)
+        with self._model_seat() as lease:
+            return lease.pool.count_tokens(to_pool_messages(messages), tools=specs)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ tools and structure
     def bind_tools(
@@ -242,25 +258,25 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         return RunnableMap(raw=llm) | parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
 
     # ------------------------------------------------------------------ preparing a call
-    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
+    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any], *,
+                 pool: MemoryPool | None = None) -> _Call:
+        """The plan of a call on `pool`, its agent's model's pool (default: this object's `MemoryPool`)."""
         kwargs = dict(kwargs)
         self._reject_unknown(kwargs, _CALL_KEYS)
         agent = self._agent_from(kwargs)
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
-        pool = self.get_pool()
+        if pool is None:
+            pool = self.get_pool()
+            assert isinstance(pool, MemoryPool), "a call on a ModelPool plans on its seat's pool"
         _rewrite_watch.check(pool, agent, messages, msgs)
         return plan_call(agent, msgs, sampling, pool.tool_format, kwargs)
 
-    def _runner(self) -> CallRunner:
-        """The protocol's runner on this model's pool (its agents' turns shared process-wide)."""
-        return CallRunner(self.get_pool())
-
-    def _message_fields(self, outcome: CallOutcome) -> dict[str, Any]:
+    def _message_fields(self, outcome: CallOutcome, seat: ModelLease) -> dict[str, Any]:
         results = outcome.all_results  # a write-back counts: the agent's KV got it
         first, last = results[0], results[-1]
         meta: dict[str, Any] = {
-            "model_name": self.resolved_model_name(),
+            "model_name": self._seat_name(seat),
             "model_provider": "agentmem",
             "finish_reason": last.finish_reason,
             "agent_id": outcome.plan.agent_id,
@@ -271,24 +287,26 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
             meta["retried_with_grammar"] = True
         return {"usage_metadata": usage_dict(results), "response_metadata": meta}
 
-    def _message(self, outcome: CallOutcome) -> ChatResult:
+    def _message(self, outcome: CallOutcome, seat: ModelLease) -> ChatResult:
         reply = as_langchain(outcome.plan, outcome.reply)
         message = AIMessage(content=reply.content, tool_calls=reply.tool_calls,
-                            invalid_tool_calls=reply.invalid_tool_calls, **self._message_fields(outcome))
+                            invalid_tool_calls=reply.invalid_tool_calls, **self._message_fields(outcome, seat))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _final_chunk(self, outcome: CallOutcome) -> ChatGenerationChunk:
+    def _final_chunk(self, outcome: CallOutcome, seat: ModelLease) -> ChatGenerationChunk:
         reply = as_langchain(outcome.plan, outcome.reply)
         msg = AIMessageChunk(
             content=rest_of(outcome, reply),
             tool_call_chunks=tool_call_chunks(reply),  # type: ignore[arg-type]
             chunk_position="last",
-            **self._message_fields(outcome),
+            **self._message_fields(outcome, seat),
         )
         return ChatGenerationChunk(message=msg)
 
     # ------------------------------------------------------------------ LangChain hooks
-    # Each hook runs the one protocol (`agentmem.calls`): plan, generate, read, retry, write back.
+    # Each hook takes the seat of its agent's model (`agentmem.models.seat`: a `MemoryPool` as it
+    # is, or a lease on a `ModelPool`'s model, released when the reply ends or the stream closes),
+    # then runs the one protocol (`agentmem.calls`) on its pool: plan, generate, read, retry, write back.
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -296,7 +314,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return self._message(self._runner().collect(self._prepare(messages, stop, kwargs)))
+        with self._seat(self._agent_from(dict(kwargs))) as seat:
+            outcome = CallRunner(seat.pool).collect(self._prepare(messages, stop, kwargs, pool=seat.pool))
+            return self._message(outcome, seat)
 
     async def _agenerate(
         self,
@@ -305,7 +325,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return self._message(await self._runner().acollect(self._prepare(messages, stop, kwargs)))
+        with await self._aseat(self._agent_from(dict(kwargs))) as seat:
+            outcome = await CallRunner(seat.pool).acollect(self._prepare(messages, stop, kwargs, pool=seat.pool))
+            return self._message(outcome, seat)
 
     def _stream(
         self,
@@ -314,15 +336,17 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        call = self._prepare(messages, stop, kwargs)
-        for kind, value in self._runner().run(call):
-            if kind == "done":
-                yield self._final_chunk(value)  # type: ignore[arg-type]
-                continue
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
-            if run_manager:
-                run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
-            yield chunk
+        with self._seat(self._agent_from(dict(kwargs))) as seat:
+            call = self._prepare(messages, stop, kwargs, pool=seat.pool)
+            with contextlib.closing(CallRunner(seat.pool).run(call)) as events:  # closed before the seat ends
+                for kind, value in events:
+                    if kind == "done":
+                        yield self._final_chunk(value, seat)  # type: ignore[arg-type]
+                        continue
+                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
+                    if run_manager:
+                        run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                    yield chunk
 
     async def _astream(
         self,
@@ -331,13 +355,14 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call = self._prepare(messages, stop, kwargs)
-        async with contextlib.aclosing(self._runner().arun(call)) as events:
-            async for kind, value in events:
-                if kind == "done":
-                    yield self._final_chunk(value)  # type: ignore[arg-type]
-                    continue
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
-                if run_manager:
-                    await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
-                yield chunk
+        with await self._aseat(self._agent_from(dict(kwargs))) as seat:
+            call = self._prepare(messages, stop, kwargs, pool=seat.pool)
+            async with contextlib.aclosing(CallRunner(seat.pool).arun(call)) as events:
+                async for kind, value in events:
+                    if kind == "done":
+                        yield self._final_chunk(value, seat)  # type: ignore[arg-type]
+                        continue
+                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=value))
+                    if run_manager:
+                        await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                    yield chunk

@@ -12,6 +12,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from agentmem import ChatResult as PoolResult
 
 from agentmem.calls import CallPlan, CallRunner
+from agentmem.models import ModelLease
 
 from ._common import AgentMemFields, timings_dict, usage_dict
 
@@ -23,8 +24,8 @@ _CALL_KEYS = {"agent_id", "max_tokens", "temperature", "top_k", "top_p", "min_p"
 class AgentMemLLM(AgentMemFields, BaseLLM):
     """Prompt-string LLM on an agentmem pool: raw completion, no chat template.
 
-    Same agent identity, pool sharing, streaming and async as
-    `agentmem_langchain.ChatAgentMem`. Each agent's KV holds its last
+    Same agent identity, pool sharing (a `ModelPool` with `model=` too), streaming and
+    async as `agentmem_langchain.ChatAgentMem`. Each agent's KV holds its last
     prompt + completion, so a prompt that *extends* the previous one (a growing
     transcript) decodes only the new text.
 
@@ -58,20 +59,20 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
             sampling["grammar"] = kwargs["grammar"]
         return agent, sampling
 
-    def _info(self, agent: str, result: PoolResult) -> dict[str, Any]:
+    def _info(self, agent: str, result: PoolResult, seat: ModelLease) -> dict[str, Any]:
         return {
             "finish_reason": result.finish_reason,
             "usage": usage_dict([result]),
             "kv": result.kv,
             "timings": timings_dict(result),
             "agent_id": agent,
-            "model_name": self.resolved_model_name(),
+            "model_name": self._seat_name(seat),
         }
 
-    def _result(self, agent: str, results: list[PoolResult]) -> LLMResult:
+    def _result(self, agent: str, results: list[PoolResult], seat: ModelLease) -> LLMResult:
         usage = usage_dict(results)
         return LLMResult(
-            generations=[[Generation(text=r.text, generation_info=self._info(agent, r))] for r in results],
+            generations=[[Generation(text=r.text, generation_info=self._info(agent, r, seat))] for r in results],
             llm_output={
                 "token_usage": {
                     "prompt_tokens": usage["input_tokens"],
@@ -79,12 +80,13 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
                     "total_tokens": usage["total_tokens"],
                     "cached_tokens": usage["input_token_details"]["cache_read"],
                 },
-                "model_name": self.resolved_model_name(),
+                "model_name": self._seat_name(seat),
             },
         )
 
     # ------------------------------------------------------------------ LangChain hooks
-    # Each hook runs a completion plan through the one protocol's runner (`agentmem.calls`).
+    # Each hook takes the seat of its agent's model (`agentmem.models.seat`), then runs a
+    # completion plan through the one protocol's runner (`agentmem.calls`) on its pool.
     def _plans(self, prompts: list[str], stop: list[str] | None, kwargs: dict[str, Any]) -> list[CallPlan]:
         agent, sampling = self._options(stop, kwargs)
         return [CallPlan(agent, None, prompt, sampling) for prompt in prompts]
@@ -97,15 +99,17 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         plans = self._plans(prompts, stop, kwargs)
-        runner = CallRunner(self.get_pool())
+        agent = plans[0].agent_id if plans else self.agent_id
         results: list[PoolResult] = []
-        for plan in plans:
-            for kind, value in runner.run(plan):
-                if kind == "done":
-                    results.append(value.results[-1])  # type: ignore[union-attr]
-                elif run_manager and self.streaming:
-                    run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
-        return self._result(plans[0].agent_id if plans else self.agent_id, results)
+        with self._seat(agent) as seat:
+            runner = CallRunner(seat.pool)
+            for plan in plans:
+                for kind, value in runner.run(plan):
+                    if kind == "done":
+                        results.append(value.results[-1])  # type: ignore[union-attr]
+                    elif run_manager and self.streaming:
+                        run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
+            return self._result(agent, results, seat)
 
     async def _agenerate(
         self,
@@ -115,15 +119,17 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         plans = self._plans(prompts, stop, kwargs)
-        runner = CallRunner(self.get_pool())
+        agent = plans[0].agent_id if plans else self.agent_id
         results: list[PoolResult] = []
-        for plan in plans:
-            async for kind, value in runner.arun(plan):
-                if kind == "done":
-                    results.append(value.results[-1])  # type: ignore[union-attr]
-                elif run_manager and self.streaming:
-                    await run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
-        return self._result(plans[0].agent_id if plans else self.agent_id, results)
+        with await self._aseat(agent) as seat:
+            runner = CallRunner(seat.pool)
+            for plan in plans:
+                async for kind, value in runner.arun(plan):
+                    if kind == "done":
+                        results.append(value.results[-1])  # type: ignore[union-attr]
+                    elif run_manager and self.streaming:
+                        await run_manager.on_llm_new_token(value, chunk=GenerationChunk(text=value))  # type: ignore[arg-type]
+            return self._result(agent, results, seat)
 
     def _stream(
         self,
@@ -133,14 +139,15 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
         (plan,) = self._plans([prompt], stop, kwargs)
-        for kind, value in CallRunner(self.get_pool()).run(plan):
-            if kind == "done":
-                yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1]))  # type: ignore[union-attr]
-                continue
-            chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
-            if run_manager:
-                run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
-            yield chunk
+        with self._seat(plan.agent_id) as seat, contextlib.closing(CallRunner(seat.pool).run(plan)) as events:
+            for kind, value in events:
+                if kind == "done":
+                    yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1], seat))  # type: ignore[union-attr]
+                    continue
+                chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
+                if run_manager:
+                    run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                yield chunk
 
     async def _astream(
         self,
@@ -150,12 +157,13 @@ class AgentMemLLM(AgentMemFields, BaseLLM):
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
         (plan,) = self._plans([prompt], stop, kwargs)
-        async with contextlib.aclosing(CallRunner(self.get_pool()).arun(plan)) as events:
-            async for kind, value in events:
-                if kind == "done":
-                    yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1]))  # type: ignore[union-attr]
-                    continue
-                chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
-                if run_manager:
-                    await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
-                yield chunk
+        with await self._aseat(plan.agent_id) as seat:
+            async with contextlib.aclosing(CallRunner(seat.pool).arun(plan)) as events:
+                async for kind, value in events:
+                    if kind == "done":
+                        yield GenerationChunk(text="", generation_info=self._info(plan.agent_id, value.results[-1], seat))  # type: ignore[union-attr]
+                        continue
+                    chunk = GenerationChunk(text=value)  # type: ignore[arg-type]
+                    if run_manager:
+                        await run_manager.on_llm_new_token(value, chunk=chunk)  # type: ignore[arg-type]
+                    yield chunk

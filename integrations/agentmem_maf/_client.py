@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Sequence
 
 from agent_framework import (
@@ -26,9 +25,11 @@ from agent_framework import (
 from agent_framework.observability import ChatTelemetryLayer
 
 import agentmem.validation as check
-from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig
+from agentmem import AgentMemError, ChatResult, MemoryPool, ModelPool, PoolConfig
 from agentmem.calls import CallOutcome, CallPlan, CallRunner
-from agentmem.tools import hold_pool, release
+from agentmem.models import Pools
+from agentmem.models.seats import aseat, hold_pools, model_name
+from agentmem.tools import release
 
 from ._identity import resolve_agent_id, session_of
 from ._memory import pin_facts
@@ -98,10 +99,20 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     this client (the first one); else the id of the session the caller passed; else
     `"maf"` (see `agentmem_maf._identity`). Give each agent its own client.
 
+    Several models: `pool=` an `agentmem.ModelPool` runs each call on its agent's model
+    (`model=` binds a new agent to one, else the pool's default), held loaded until the
+    response is done or its stream is closed; responses carry the model's name:
+    ```python
+    team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+    coder = Agent(client=AgentMemChatClient(team, model="coder"), name="coder", instructions="...")
+    ```
+
     Args:
-        pool: the shared pool. `None`: the open pool of `pool_config` in this process,
-            loaded once if none is open (the clients that loaded it close it).
+        pool: the shared pool, or a `ModelPool`. `None`: the open pool of `pool_config` in
+            this process, loaded once if none is open (the clients that loaded it close it).
         agent_id: the pool agent of every call of this client; `None` = the rule above.
+        model: with a `ModelPool`, the model a new agent is bound to (`None`: the pool's
+            default); a bound agent keeps its own, and naming another raises `ModelMismatchError`.
         pool_config: configuration of the pool when `pool` is `None`
             (a `agentmem.PoolConfig` or a dict of its fields).
         max_tokens: default generation limit per call.
@@ -125,9 +136,10 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     def __init__(
         self,
-        pool: MemoryPool | None = None,
+        pool: MemoryPool | ModelPool | None = None,
         *,
         agent_id: str | None = None,
+        model: str | None = None,
         pool_config: PoolConfig | Mapping[str, Any] | None = None,
         max_tokens: int = 256,
         temperature: float = 0.0,
@@ -137,20 +149,22 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         if agent_id is not None:
             check.agent_id(agent_id)
         super().__init__(**kwargs)
-        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
+        self._pool, self._owns_pool = hold_pools(pool, pool_config, lambda c: MemoryPool(config=c), model=model)
+        self._model = model
         self._agent_id = agent_id
         self._agent_name: str | None = None  # the name of the first Agent built on this client
         self._defaults: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
         self._parallel = bool(parallel_tool_calls)
         self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False
-        self._runner = CallRunner(self._pool, on_result=self._record)
+        # one runner on a MemoryPool; on a ModelPool, one per call, on its seat's pool
+        self._runner = CallRunner(self._pool, on_result=self._record) if isinstance(self._pool, MemoryPool) else None
         self.last_result: ChatResult | None = None
         self.on_result: Callable[[str, ChatResult], None] | None = None
 
     @property
-    def pool(self) -> MemoryPool:
-        """The shared `agentmem.MemoryPool`."""
+    def pool(self) -> Pools:
+        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
         return self._pool
 
     @property
@@ -168,8 +182,9 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     @property
     def model_name(self) -> str:
-        """The model file's name (the `model` of every response)."""
-        return Path(self._pool.model_path).stem
+        """The model file's name (the `model` of every response); on a `ModelPool`, the name of
+        this client's agent's model (each response carries the model it ran on)."""
+        return model_name(self._pool, self.agent_id, self._model)
 
     def service_url(self) -> str:
         """Where the model runs: in this process."""
@@ -210,11 +225,9 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         return self._respond(agent, messages, options)
 
     # ------------------------------------------------------------------ the call
-    async def _plan(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> CallPlan:
-        """The `CallPlan` of one call: this client's defaults, the call's options, the agent's tools."""
-        if self._closed:
-            raise RuntimeError("this AgentMemChatClient is closed")
-        opts = await self._validate_options(options)
+    async def _plan(self, pool: MemoryPool, agent: str, messages: Sequence[Message],
+                    opts: Mapping[str, Any]) -> CallPlan:
+        """The `CallPlan` of one call on `pool`: this client's defaults, the call's options, the agent's tools."""
         sampling = {**self._defaults, **{k: v for k, v in opts.items() if k in SAMPLING and v is not None}}
         unknown = sorted(set(opts) - SAMPLING - _PLANNED - _IGNORED)
         if unknown:
@@ -226,22 +239,33 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         mode, forced = tool_choice(opts.get("tool_choice"), [s["name"] for s in schemas])
         parallel = opts.get("allow_multiple_tool_calls")
         return plan_options(
-            agent, conv, sampling, self._pool.tool_format,
+            agent, conv, sampling, pool.tool_format,
             schemas=schemas, shown=schemas or self._agent_tools.get(agent, []),
             mode=mode, forced_name=forced, schema=response_schema(opts.get("response_format")),
             parallel=self._parallel if parallel is None else bool(parallel),
         )
 
     async def _run(self, agent: str, messages: Sequence[Message],
-                   options: Mapping[str, Any]) -> AsyncIterator[str | CallOutcome]:
-        """Text pieces a caller may show, then the `CallOutcome` (the core protocol, `agentmem.calls`)."""
-        plan = await self._plan(agent, messages, options)
-        async with contextlib.aclosing(self._runner.arun(plan)) as events:  # closed early: generation stops
-            async for kind, value in events:
-                if kind == "done":
+                   options: Mapping[str, Any]) -> AsyncIterator[str | tuple[CallOutcome, str]]:
+        """Text pieces a caller may show, then `(CallOutcome, model name)` (the core protocol, `agentmem.calls`).
+
+        The call runs on its agent's seat (`agentmem.models.aseat`): this pool as it is, or a lease
+        on the agent's model in a `ModelPool`, released once the outcome is out or the caller left.
+        """
+        if self._closed:
+            raise RuntimeError("this AgentMemChatClient is closed")
+        opts = await self._validate_options(options)
+        with await aseat(self._pool, agent, model=self._model) as lease:
+            plan = await self._plan(lease.pool, agent, messages, opts)
+            runner = self._runner or CallRunner(lease.pool, on_result=self._record)
+            async with contextlib.aclosing(runner.arun(plan)) as events:  # closed early: generation stops
+                async for kind, value in events:
+                    if kind == "text":
+                        yield value  # type: ignore[misc]
+                        continue
                     assert isinstance(value, CallOutcome)
-                    await pin_facts(self._pool, agent, value.plan.messages or [])
-                yield value
+                    await pin_facts(lease.pool, agent, value.plan.messages or [])
+                    yield value, lease.name or self.model_name
 
     def _record(self, plan: CallPlan, result: ChatResult) -> None:
         self.last_result = result
@@ -249,14 +273,15 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
             self.on_result(plan.agent_id, result)
 
     async def _respond(self, agent: str, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
-        outcome: CallOutcome | None = None
+        done: tuple[CallOutcome, str] | None = None
         async for item in self._run(agent, messages, options):
-            if isinstance(item, CallOutcome):
-                outcome = item
-        assert outcome is not None
+            if isinstance(item, tuple):
+                done = item
+        assert done is not None
+        outcome, model = done
         return ChatResponse(
             messages=[Message("assistant", _contents(outcome))],
-            model=self.model_name,
+            model=model,
             finish_reason=outcome.finish_reason,  # type: ignore[arg-type]
             usage_details=usage_details(outcome.all_results),
             response_format=options.get("response_format"),
@@ -264,19 +289,20 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     async def _stream(self, agent: str, messages: Sequence[Message],
                       options: Mapping[str, Any]) -> AsyncIterator[ChatResponseUpdate]:
-        async for item in self._run(agent, messages, options):
-            if isinstance(item, str):
-                yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
-                continue
-            contents = _contents(item) if item.reply.is_call else (
-                [Content.from_text(item.rest)] if item.rest else [])
-            yield ChatResponseUpdate(
-                role="assistant",
-                contents=[*contents, Content.from_usage(usage_details(item.all_results))],
-                model=self.model_name,
-                finish_reason=item.finish_reason,  # type: ignore[arg-type]
-            )
-
+        async with contextlib.aclosing(self._run(agent, messages, options)) as items:  # closed with this stream
+            async for item in items:
+                if isinstance(item, str):
+                    yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(item)])
+                    continue
+                outcome, model = item
+                contents = _contents(outcome) if outcome.reply.is_call else (
+                    [Content.from_text(outcome.rest)] if outcome.rest else [])
+                yield ChatResponseUpdate(
+                    role="assistant",
+                    contents=[*contents, Content.from_usage(usage_details(outcome.all_results))],
+                    model=model,
+                    finish_reason=outcome.finish_reason,  # type: ignore[arg-type]
+                )
 
 def _contents(outcome: CallOutcome) -> list[Content]:
     """The reply as MAF contents: its calls (and the text before them), or its text."""

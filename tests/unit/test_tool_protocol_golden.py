@@ -277,7 +277,7 @@ def _ag_render(
     else:
         tool_choice = choice or "auto"
     json_output = None if fmt is None else (True if fmt == "object" else fmt)
-    plan = client._plan(msgs, tools, tool_choice, json_output, {})
+    plan = client._plan(pool, "golden", client._sampling({}), msgs, tools, tool_choice, json_output)
     system = plan.messages[0]["content"]
     out = [(system, plan.prefix or "", plan.grammar or "")]
     if plan.forced is not None:  # auto mode: the redo under the grammar

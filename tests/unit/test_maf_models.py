@@ -1,0 +1,68 @@
+"""AgentMemChatClient over a `ModelPool` (issue #26): each call on its agent's model, held while it runs.
+
+The model pool is `FakeModelPool` (the real bindings and leases, a counting tier) over
+two pools of the tiny model.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+
+pytest.importorskip("agent_framework")
+
+from agent_framework import Agent, Message  # noqa: E402
+
+from agentmem import ConfigError, MemoryPool  # noqa: E402
+from agentmem.errors import ModelMismatchError, UnknownModelError  # noqa: E402
+from agentmem_maf import AgentMemChatClient  # noqa: E402
+from tests.fixtures.model_pools import FakeModelPool, calls_on, released, where  # noqa: E402
+
+HI = [Message("user", ["Name a colour."])]
+
+
+async def test_each_agent_runs_on_its_models_pool_and_responses_name_it(
+        model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
+    plan = Agent(client=AgentMemChatClient(model_team, model="small", max_tokens=4), name="maf-plan")
+    code = Agent(client=AgentMemChatClient(model_team, model="big", max_tokens=4), name="maf-code")
+    for _ in range(2):
+        for agent in (plan, code):
+            await agent.run("Name a colour.")
+            assert model_team.fake_tier.held == 0
+    assert plan.client.last_result.kv == code.client.last_result.kv == "reused"  # type: ignore[attr-defined]
+    assert where(tiny_model_pools, "maf-plan") == ["small"]
+    assert where(tiny_model_pools, "maf-code") == ["big"]
+    assert model_team.fake_tier.log == calls_on("small", "big", "small", "big")
+    response = await code.client.get_response(HI)  # type: ignore[attr-defined]
+    assert response.model == "big" and code.client.model_name == "big"  # type: ignore[attr-defined]
+
+
+async def test_a_stream_holds_its_model_until_it_ends_or_is_left(model_team: FakeModelPool) -> None:
+    client = AgentMemChatClient(model_team, agent_id="maf-stream", model="big", max_tokens=12)
+    stream = client.get_response(HI, stream=True)
+    held = [model_team.fake_tier.uses["big"] async for _ in stream]
+    assert set(held) == {1} and model_team.fake_tier.held == 0
+    assert (await stream.get_final_response()).model == "big"
+    async with client.get_response(HI, stream=True) as stream:  # MAF's way to leave early
+        async for _ in stream:
+            assert model_team.fake_tier.uses["big"] == 1
+            break
+    assert await released(model_team)
+
+
+async def test_another_model_for_a_bound_agent_raises_the_typed_error(model_team: FakeModelPool) -> None:
+    await AgentMemChatClient(model_team, agent_id="maf-bound", model="small", max_tokens=2).get_response(HI)
+    wrong = AgentMemChatClient(model_team, agent_id="maf-bound", model="big", max_tokens=2)
+    with pytest.raises(ModelMismatchError):
+        await wrong.get_response(HI)
+    assert model_team.fake_tier.held == 0
+
+
+def test_construction_checks_the_model(model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
+    with pytest.raises(UnknownModelError):
+        AgentMemChatClient(model_team, model="huge")
+    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
+        AgentMemChatClient(tiny_model_pools["small"], model="small")
+    client = AgentMemChatClient(model_team, agent_id="maf-new")
+    assert client.pool is model_team and client.model_name == "small"  # the default, nothing bound
+    assert model_team.model_of("maf-new") is None

@@ -1,0 +1,139 @@
+"""`agentmem.models.seats`: one call's model for the integrations, on a fake model pool.
+
+The integrations' own tests (`test_*_models.py`) run their calls through these seats;
+here are the seats themselves: a `MemoryPool` as it is, a lease on a `ModelPool`'s
+model, the typed errors, and a lease taken for a coroutine cancelled while its model
+loads (released, never leaked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from agentmem import PoolConfig
+from agentmem.errors import ConfigError, ModelMismatchError, UnknownModelError
+from agentmem.models import aseat, seat
+from agentmem.models.seats import alease, check_model, hold_pools, model_for, model_name
+from agentmem.tools import hold_pool
+from agentmem.tools import registry
+from tests.fixtures.model_pools import FakeModelPool
+
+
+class Recorder:
+    """A model's pool as far as hints go: it records `hold` and `expect`."""
+
+    closed = False
+
+    def __init__(self, name: str) -> None:
+        self.config = PoolConfig(n_ctx=256 if name == "a" else 512, model_path=f"/models/{name}.gguf")
+        self.model_path = f"/models/{name}-q4.gguf"
+        self.calls: list[tuple[Any, ...]] = []
+
+    def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
+        self.calls.append(("hold", agent_id, ttl_s))
+
+    def expect(self, order: Any, *, soon: bool = True, scope: str | None = None) -> None:
+        self.calls.append(("expect", order, scope))
+
+
+@pytest.fixture
+def team() -> FakeModelPool:
+    return FakeModelPool({"a": Recorder("a"), "b": Recorder("b")})
+
+
+def test_a_single_pool_seat_holds_nothing() -> None:
+    pool = Recorder("a")
+    with seat(pool, "x") as lease:  # type: ignore[arg-type]
+        assert lease.pool is pool and lease.name == "" and lease.agent_id == "x"
+    assert lease.released
+    assert asyncio.run(aseat(pool, "x")).pool is pool  # type: ignore[arg-type]
+
+
+def test_a_model_pool_seat_binds_the_agent_and_holds_its_model_until_released(team: FakeModelPool) -> None:
+    with seat(team, "planner", model="b") as lease:
+        assert (lease.name, lease.pool) == ("b", team.tier.slots["b"].pool)
+        assert team.fake_tier.uses["b"] == 1
+    assert team.fake_tier.held == 0 and team.model_of("planner") == "b"
+    with seat(team, "planner") as lease:  # bound: no model needed
+        assert lease.name == "b"
+    with seat(team, "coder") as lease:  # new, no model: the default
+        assert lease.name == "a"
+    assert team.fake_tier.held == 0
+
+
+def test_a_bound_agent_on_another_model_is_refused_and_holds_nothing(team: FakeModelPool) -> None:
+    team.bind("planner", "b")
+    with pytest.raises(ModelMismatchError) as info:
+        seat(team, "planner", model="a")
+    assert (info.value.bound, info.value.asked) == ("b", "a")
+    with pytest.raises(ModelMismatchError):
+        asyncio.run(aseat(team, "planner", model="a"))
+    assert team.fake_tier.held == 0
+
+
+def test_check_model_and_hold_pools_accept_a_model_pool_only_with_its_names(team: FakeModelPool) -> None:
+    assert check_model(team, None) is None and check_model(team, "b") == "b"
+    with pytest.raises(UnknownModelError):
+        check_model(team, "c")
+    with pytest.raises(ConfigError, match="model: 'b' names a model of a ModelPool"):
+        check_model(Recorder("a"), "b")
+    with pytest.raises(ConfigError, match="model"):  # checked before a shared pool is opened
+        hold_pools(None, {"n_ctx": 256}, lambda cfg: pytest.fail("opened a pool"), model="b")
+    before = len(registry._by_key)
+    assert hold_pools(team, None, lambda cfg: None, model="a") == (team, False)
+    assert len(registry._by_key) == before  # a ModelPool is never registered
+    with pytest.raises(ValueError, match="either"):
+        hold_pools(team, {"n_ctx": 256}, lambda cfg: None)
+    with pytest.raises(TypeError, match="MemoryPool or an agentmem.ModelPool, got str"):
+        hold_pools("pool", None, lambda cfg: None)
+    with pytest.raises(TypeError, match="must be an agentmem.MemoryPool, got FakeModelPool"):
+        hold_pool(team, None, lambda cfg: None, pool_type=type(None))  # without models_type: as before
+
+
+def test_model_for_reads_the_binding_then_the_model_then_the_default(team: FakeModelPool) -> None:
+    assert model_for(team, "new", None) == "a" and model_for(team, "new", "b") == "b"
+    team.bind("x", "b")
+    assert model_for(team, "x", "a") == "b" and model_name(team, "x", None) == "b"
+    assert model_for(team, None, None) == "a" and team.model_of("new") is None  # nothing bound by reading
+    assert model_for(Recorder("a"), "x", None) is None  # type: ignore[arg-type]
+    assert model_name(Recorder("a"), "x", None) == "a-q4"  # type: ignore[arg-type]
+    assert team.config_of("b").n_ctx == 512
+
+
+def test_hold_and_scoped_expect_reach_the_agents_model(team: FakeModelPool) -> None:
+    team.bind("x", "b")
+    team.hold("x", ttl_s=3.0)
+    team.hold("unknown")  # no agent, no model: nothing to hold
+    team.expect(["x", "y"], scope="thread-1")
+    a, b = team.tier.slots["a"].pool, team.tier.slots["b"].pool
+    assert ("hold", "x", 3.0) in b.calls and not [c for c in a.calls if c[0] == "hold"]
+    assert ("expect", [["x"]], "thread-1") in b.calls
+    assert team.fake_tier.held == 0
+
+
+def test_a_lease_taken_after_its_caller_was_cancelled_is_released() -> None:
+    """The server's `_leased` logic, now `alease`: the load finishes in its thread, the lease ends there."""
+    team = FakeModelPool({"a": Recorder("a")})
+    loading = threading.Event()
+
+    def slow_lease() -> Any:
+        loading.set()
+        time.sleep(0.2)  # the model loads
+        return team.lease("x")
+
+    async def main() -> None:
+        task = asyncio.create_task(alease(slow_lease))
+        while not loading.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())  # asyncio.run waits for the default executor's thread
+    assert team.fake_tier.log == [("acquire", "a"), ("release", "a")]
+
