@@ -8,17 +8,23 @@ when the free reply was a broken call). Each request goes through the official `
 client, streamed, with two tools offered; every request is a new agent whose system
 message starts with a nonce, so each one prefills its whole prompt (nothing is shared).
 
-Per server and repetition, three requests on the same prompt shape:
+Per server and repetition, two requests on each of three questions (the same prompt but for
+`tool_choice`):
 
 * `plain` — `tool_choice: "none"`: the tools are shown, nothing may be called (the
   reference: the prompt's size and a plain turn's TTFT);
-* `auto text` — `tool_choice: "auto"` on a question answered in text;
-* `auto call` — `tool_choice: "auto"` on a question that makes the model call a tool.
+* `auto` — `tool_choice: "auto"`.
 
-Reported: p50 TTFT of `plain` and `auto text` and their ratio (target ≤ 1.2×),
-`prompt_tokens` of each auto turn against `plain`'s for the same prompt (target: equal —
-one decode is billed), completion tokens, wall time per call, and how often the reply was
-a tool call. `uptime` before and after. Times compare only within one run.
+The questions: `text` (answered in words), `call` (the model calls `lookup_metric`) and
+`hello` ("Say hello to me in one short sentence.": decoded freely, this small model writes a
+call of a tool that is not offered, `{"name": "hello", ...}`, which `free_then_forced` decodes
+again under the forced grammar; the lazy grammar makes the call it opened one of an offered
+tool in the same decode).
+
+Reported per strategy, question and turn: p50 TTFT and its ratio to the same question's
+`plain` turn (target for text: ≤ 1.2×), `prompt_tokens` against `plain`'s (target: equal —
+one decode is billed), completion tokens, wall time, and how often the reply was a tool call.
+`uptime` before and after. Times compare only within one run.
 
 Usage::
 
@@ -54,8 +60,9 @@ TOOLS = [
 QUESTIONS = {
     "text": "In one short sentence, what is a service metric? Answer in words, do not use a tool.",
     "call": "What is the current value of the metric p99_latency_ms? Use the tool.",
+    "hello": "Say hello to me in one short sentence.",
 }
-CASES = (("plain", "text", "none"), ("auto text", "text", "auto"), ("auto call", "call", "auto"))
+CASES = tuple((f"{q} {turn}", q, choice) for q in QUESTIONS for turn, choice in (("plain", "none"), ("auto", "auto")))
 
 
 def one_call(client: Any, nonce: str, question: str, choice: str, max_tokens: int) -> dict[str, Any]:
@@ -103,8 +110,8 @@ def measure(reps: int, threads: int, max_tokens: int, logdir: Path) -> dict[str,
         for r in range(reps):
             order = STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]  # ABBA between the servers
             for s in order:
-                for case, question, choice in CASES:
-                    nonce = f"{r}-{s}-{case}"
+                for k, (case, question, choice) in enumerate(CASES):
+                    nonce = f"{r:02d}-{STRATEGIES.index(s)}{k:02d}"  # digits: the same token count in every prompt
                     out[s][case].append(one_call(clients[s], nonce, QUESTIONS[question], choice, max_tokens))
         return out
     finally:
@@ -115,10 +122,11 @@ def measure(reps: int, threads: int, max_tokens: int, logdir: Path) -> dict[str,
 def report(out: dict[str, dict[str, list[dict[str, Any]]]]) -> list[list[Any]]:
     rows = []
     for s, cases in out.items():
-        plain_ttft = statistics.median(c["ttft"] for c in cases["plain"])
         for case, calls in cases.items():
+            plain = cases[case.split()[0] + " plain"]
+            plain_ttft = statistics.median(c["ttft"] for c in plain)
             ttft = statistics.median(c["ttft"] for c in calls)
-            plain_prompt = [c["prompt"] for c in cases["plain"]]
+            plain_prompt = [c["prompt"] for c in plain]
             extra = [c["prompt"] - p for c, p in zip(calls, plain_prompt)]
             rows.append([s, case, ms(ttft), f"{ttft / plain_ttft:.2f}x", statistics.median(c["prompt"] for c in calls),
                          f"{min(extra)}..{max(extra)}", statistics.median(c["completion"] for c in calls),
