@@ -8,7 +8,9 @@ is done, when a stream is closed early, or when the caller is cancelled. With a
 `model`, else the pool's default; another model for a bound agent raises
 `ModelMismatchError`): the model stays loaded until the seat is released, and the
 release counts as the agent's call (model prefetch). With a `MemoryPool` the seat holds
-nothing and costs nothing: `name` is `""` and `release` is a no-op.
+nothing and costs nothing: `name` is `""` and `release` is a no-op. The memory components
+(recall of an agent's evicted text) take a `memory_seat`: the agent's model, held the same
+way, but nothing is bound and no call is counted.
 
 >>> from agentmem.models.seats import seat
 >>> with seat(pool, "planner") as lease:  # doctest: +SKIP
@@ -22,13 +24,15 @@ import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Union
 
-from agentmem.errors import CallCancelledError, ConfigError
+from agentmem.errors import CallCancelledError, ConfigError, ModelMismatchError
 from agentmem.models.lease import ModelLease
 from agentmem.models.pool import ModelPool
 from agentmem.pool import MemoryPool
 from agentmem.tools.registry import PoolFactory, hold_pool
 
-__all__ = ["Pools", "alease", "aseat", "check_model", "hold_pools", "model_for", "model_name", "seat"]
+__all__ = [
+    "Pools", "alease", "aseat", "check_model", "hold_pools", "memory_seat", "model_for", "model_name", "seat",
+]
 
 Pools = Union[MemoryPool, ModelPool]
 """What an integration's `pool=` takes: one model's pool, or a pool of models."""
@@ -95,6 +99,30 @@ def seat(pools: Pools, agent_id: str | None, *, model: str | None = None) -> Mod
     if isinstance(pools, ModelPool):
         return pools.lease(agent_id, model=model)
     return ModelLease(name="", pool=pools, agent_id=agent_id)
+
+
+def memory_seat(pools: Pools, agent_id: str, *, model: str | None = None) -> ModelLease | None:
+    """A seat on `agent_id`'s model for work on its memory that is not a call (recall); `with` it.
+
+    Binds nothing and counts no call, so a memory read before the agent's first call
+    never binds it to another model than its client's. With a `ModelPool`: a lease on
+    the model the agent is bound to; `None` for an agent bound to no model yet (it has
+    no memory on any model: nothing is loaded for it). With a `MemoryPool`: the empty seat.
+
+    Raises:
+        ModelMismatchError: `agent_id` is bound to another model than `model`.
+        UnknownModelError / ModelBudgetError: from `ModelPool.lease`.
+    """
+    if not isinstance(pools, ModelPool):
+        return ModelLease(name="", pool=pools, agent_id=agent_id)
+    bound = pools.model_of(agent_id)
+    if bound is None:
+        return None
+    if model is not None and model != bound:
+        raise ModelMismatchError(
+            f"model: agent {agent_id!r} is bound to model {bound!r}; its memory cannot be read on {model!r}",
+            agent_id=agent_id, bound=bound, asked=model)
+    return pools.lease(None, model=bound)
 
 
 async def aseat(pools: Pools, agent_id: str | None, *, model: str | None = None, call: Call | None = None) -> ModelLease:

@@ -7,7 +7,8 @@ in the KV; the rest is evicted, and its text is archived with full-text search
 call `update_context` searches the agent's evicted text for what the latest message
 asks about and adds the best spans to the model context, and keeps the facts given
 to `add` in one system message that the agent's client pins in the KV (never
-evicted).
+evicted). Over a `ModelPool` each recall runs on the agent's model, held for it
+(`agentmem.tools.recall.recall_on`), and the client pins the facts on that model's pool.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 import agentmem.validation as check
-from agentmem import MemoryPool, PoolConfig
-from agentmem.tools import hold_pool, release
-from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync, recall_spans
+from agentmem import ConfigError, MemoryPool, ModelPool, PoolConfig
+from agentmem.models.seats import Pools, hold_pools
+from agentmem.tools import release
+from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync, recall_on
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +39,6 @@ __all__ = ["FACTS_HEADER", "RECALL_HEADER", "AgentMemMemory", "AgentMemMemoryCon
 async def pin_facts(pool: MemoryPool, agent_id: str, messages: List[Dict[str, Any]]) -> None:
     """Pin the latest facts message of a finished call in the agent's KV (and unpin older ones)."""
     await asyncio.to_thread(pin_facts_sync, pool, agent_id, messages)
-
-
-def _recall(pool: MemoryPool, agent_id: str, query: str, k: int) -> list[tuple[str, Any]]:
-    """The `k` best evicted spans as `(text, span)`, widened to whole lines (`agentmem.tools.recall`)."""
-    return recall_spans(pool, agent_id, query, k)
 
 
 class AgentMemMemoryConfig(BaseModel):
@@ -111,16 +108,25 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
     `region` and its ledger positions). `clear()` forgets the facts; evicted text stays
     in the archive with the agent's history (`MemoryPool.forget` drops it).
 
+    Over a `ModelPool` (`pool=ModelPool(...)`, `model=` as the client's): each recall runs
+    on the pool of the model the agent is bound to, held loaded for the search and
+    released after; it binds nothing and counts as no call (an agent not bound yet has
+    nothing evicted: nothing is recalled, no model loaded). Such a memory cannot be
+    dumped as a component.
+
     Args:
-        pool: the shared pool (`None`: the open pool of `pool_config`, loaded once).
+        pool: the shared pool, or a `ModelPool` (`None`: the open pool of `pool_config`, loaded once).
         agent_id: the agent (its client's `agent_id`).
+        model: with a `ModelPool`, the agent's model (`None`: whichever it is bound to).
         pool_config: configuration of the pool when `pool` is `None`.
         name: identifier of the memory.
         k: spans recalled per call (0 turns recall off).
         facts: initial facts.
 
     Raises:
-        agentmem.ConfigError: a malformed `agent_id` or `k`.
+        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `ModelPool`.
+        agentmem.errors.UnknownModelError: the `ModelPool` holds no model `model`.
+        agentmem.errors.ModelMismatchError: (`query`, `update_context`) the agent is bound to another model.
     """
 
     component_type = "memory"
@@ -129,9 +135,10 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
 
     def __init__(
         self,
-        pool: MemoryPool | None = None,
+        pool: Pools | None = None,
         *,
         agent_id: str,
+        model: str | None = None,
         pool_config: PoolConfig | Mapping[str, Any] | None = None,
         name: str | None = None,
         k: int = 3,
@@ -139,7 +146,8 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
     ) -> None:
         check.agent_id(agent_id)
         check.bounded_int(k, field="k", lo=0, hi=100)
-        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
+        self._pool, self._owns_pool = hold_pools(pool, pool_config, lambda c: MemoryPool(config=c), model=model)
+        self._model = model
         self._agent_id = agent_id
         self._name = name or f"agentmem:{agent_id}"
         self._k = k
@@ -182,7 +190,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
             MemoryContent(content=f, mime_type=MemoryMimeType.TEXT, metadata={"source": "fact"})
             for f in self._facts if words & {w.lower().strip(".,:;!?") for w in f.split()}
         ]
-        for whole, s in await asyncio.to_thread(_recall, self._pool, self._agent_id, text, k):
+        for whole, s in await self._recall(text, k):
             results.append(MemoryContent(
                 content=whole, mime_type=MemoryMimeType.TEXT,
                 metadata={"source": "recall", "score": s.score, "region": s.region, "start": s.start, "end": s.end},
@@ -205,7 +213,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
                        and not (isinstance(m, SystemMessage) and m.content.startswith((FACTS_HEADER, RECALL_HEADER)))), "")
         if self._k and latest:
             context_text = "\n".join(_message_text(m) for m in messages if isinstance(m, SystemMessage))
-            spans = await asyncio.to_thread(_recall, self._pool, self._agent_id, latest, self._k)
+            spans = await self._recall(latest, self._k)
             fresh = [(t, s) for t, s in spans if t not in context_text]
             if fresh:
                 body = "\n".join(f"- {t}" for t, _ in fresh)
@@ -214,6 +222,10 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
                                         metadata={"source": "recall", "score": s.score, "region": s.region})
                           for t, s in fresh]
         return UpdateContextResult(memories=MemoryQueryResult(results=added))
+
+    async def _recall(self, query: str, k: int) -> list[tuple[str, Any]]:
+        """The `k` best evicted spans as `(text, span)`, on the agent's model (`agentmem.tools.recall.recall_on`)."""
+        return await asyncio.to_thread(recall_on, self._pool, self._agent_id, query, k, model=self._model)
 
     async def clear(self) -> None:
         """Forget the facts (evicted text stays in the archive)."""
@@ -228,6 +240,9 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
 
     # ------------------------------------------------------------------ component
     def _to_config(self) -> AgentMemMemoryConfig:
+        if isinstance(self._pool, ModelPool):
+            raise ConfigError("pool: a memory over a ModelPool cannot be dumped as a component "
+                              "(the ModelPool is the application's; build the memory in code)")
         return AgentMemMemoryConfig(agent_id=self._agent_id, pool=self._pool.config.to_dict(), name=self._name,
                                     k=self._k, facts=list(self._facts))
 

@@ -11,7 +11,9 @@ the best spans as a system message ahead of the input.
 
 Both are placed so the agent's KV stays a prefix: the facts at the start of the prompt
 (they change only when a fact is added), the recalled text with the new input, which the
-session's history keeps from then on.
+session's history keeps from then on. Over a `ModelPool` each recall runs on the agent's
+model, held for it (`agentmem.tools.recall.recall_on`), and the client pins the facts on
+that model's pool.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from agent_framework import ContextProvider, Message
 
 import agentmem.validation as check
 from agentmem import MemoryPool, PoolConfig
-from agentmem.tools import hold_pool, release
-from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block, recall_spans
+from agentmem.models.seats import Pools, hold_pools
+from agentmem.tools import release
+from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block, recall_on
 
 from ._identity import resolve_agent_id
 
@@ -79,23 +82,32 @@ class AgentMemContextProvider(ContextProvider):
     `agent_id=` if given, else the client's `agent_id` (or its agent's name), else the
     agent's name, else the session's id.
 
+    Over a `ModelPool` (`pool=ModelPool(...)`, `model=` as the client's): each recall runs
+    on the pool of the model the agent is bound to, held loaded for the search and
+    released after; it binds nothing and counts as no call (an agent not bound yet has
+    nothing evicted: nothing is recalled, no model loaded).
+
     Args:
-        pool: the shared pool (`None`: the open pool of `pool_config`, loaded once).
+        pool: the shared pool, or a `ModelPool` (`None`: the open pool of `pool_config`, loaded once).
         agent_id: the pool agent whose archive is read; `None` = the agent's (see above).
+        model: with a `ModelPool`, the agent's model (`None`: whichever it is bound to).
         pool_config: configuration of the pool when `pool` is `None`.
         source_id: MAF's id of this provider (its messages' attribution, its session state).
         k: spans recalled per run at most (`0` turns recall off).
         facts: initial facts.
 
     Raises:
-        agentmem.ConfigError: a malformed `agent_id` or `k`.
+        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `ModelPool`.
+        agentmem.errors.UnknownModelError: the `ModelPool` holds no model `model`.
+        agentmem.errors.ModelMismatchError: (`recall`, `before_run`) the agent is bound to another model.
     """
 
     def __init__(
         self,
-        pool: MemoryPool | None = None,
+        pool: Pools | None = None,
         *,
         agent_id: str | None = None,
+        model: str | None = None,
         pool_config: PoolConfig | Mapping[str, Any] | None = None,
         source_id: str = DEFAULT_SOURCE_ID,
         k: int = 3,
@@ -105,7 +117,8 @@ class AgentMemContextProvider(ContextProvider):
             check.agent_id(agent_id)
         check.bounded_int(k, field="k", lo=0, hi=100)
         super().__init__(source_id)
-        self._pool, self._owns_pool = hold_pool(pool, pool_config, lambda c: MemoryPool(config=c), pool_type=MemoryPool)
+        self._pool, self._owns_pool = hold_pools(pool, pool_config, lambda c: MemoryPool(config=c), model=model)
+        self._model = model
         self._agent_id = agent_id
         self._k = k
         self._facts: list[str] = []
@@ -114,8 +127,8 @@ class AgentMemContextProvider(ContextProvider):
         self._closed = False
 
     @property
-    def pool(self) -> MemoryPool:
-        """The shared pool."""
+    def pool(self) -> Pools:
+        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
         return self._pool
 
     @property
@@ -144,8 +157,12 @@ class AgentMemContextProvider(ContextProvider):
         return resolve_agent_id(named, session)
 
     async def recall(self, agent_id: str, query: str, k: int | None = None) -> list[str]:
-        """The evicted text of `agent_id` best matching `query` (at most `k`, default this provider's)."""
-        spans = await asyncio.to_thread(recall_spans, self._pool, agent_id, query, self._k if k is None else k)
+        """The evicted text of `agent_id` best matching `query` (at most `k`, default this provider's).
+
+        Runs on the agent's model (`agentmem.tools.recall.recall_on`), held only for the search.
+        """
+        spans = await asyncio.to_thread(recall_on, self._pool, agent_id, query, self._k if k is None else k,
+                                        model=self._model)
         return [text for text, _ in spans]
 
     # ------------------------------------------------------------------ MAF's hooks

@@ -1,4 +1,7 @@
-"""AgentMemChatClient over a `ModelPool` (issue #26): each call on its agent's model, held while it runs.
+"""AgentMemChatClient and AgentMemContextProvider over a `ModelPool` (issue #26): each on its agent's model.
+
+Each call is held on its agent's model while it runs; the provider's recall runs on that
+model too, under its own seat (binding nothing), and the client pins its facts there.
 
 The model pool is `FakeModelPool` (the real bindings and leases, a counting tier) over
 two pools of the tiny model.
@@ -15,7 +18,7 @@ from agent_framework import Agent, Message  # noqa: E402
 
 from agentmem import ConfigError, MemoryPool  # noqa: E402
 from agentmem.errors import ModelMismatchError, UnknownModelError  # noqa: E402
-from agentmem_maf import AgentMemChatClient  # noqa: E402
+from agentmem_maf import AgentMemChatClient, AgentMemContextProvider  # noqa: E402
 from tests.fixtures.model_pools import FakeModelPool, calls_on, released, where  # noqa: E402
 
 HI = [Message("user", ["Name a colour."])]
@@ -66,3 +69,43 @@ def test_construction_checks_the_model(model_team: FakeModelPool, tiny_model_poo
     client = AgentMemChatClient(model_team, agent_id="maf-new")
     assert client.pool is model_team and client.model_name == "small"  # the default, nothing bound
     assert model_team.model_of("maf-new") is None
+
+
+# ---------------------------------------------------------------------- AgentMemContextProvider over a ModelPool
+def _pinned(pool: MemoryPool, agent_id: str) -> bool:
+    led = pool._core.agent(agent_id).ledger
+    return bool(led.pinned[: len(led)].any())
+
+
+async def test_the_provider_recalls_on_the_agents_model_and_its_facts_are_pinned_there(
+        model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
+    memory = AgentMemContextProvider(model_team, facts=["The customer is ACME."])  # whichever model it is bound to
+    agent = Agent(client=AgentMemChatClient(model_team, model="big", max_tokens=3), name="maf-mem",
+                  context_providers=[memory])
+    session = agent.create_session()
+    await agent.run("Which customer is this about?", session=session)  # recall before the first call: binds nothing
+    assert model_team.model_of("maf-mem") == "big" and model_team.fake_tier.log == calls_on("big")
+    recalls = {name: p.stats()["totals"]["recalls"] for name, p in tiny_model_pools.items()}
+    await agent.run("Which customer again?", session=session)
+    assert model_team.fake_tier.log == calls_on("big", "big", "big")  # the recall's seat, then the call's
+    after = {name: p.stats()["totals"]["recalls"] for name, p in tiny_model_pools.items()}
+    assert (after["big"] - recalls["big"], after["small"] - recalls["small"]) == (1, 0)
+    assert _pinned(tiny_model_pools["big"], "maf-mem") and where(tiny_model_pools, "maf-mem") == ["big"]
+    assert await memory.recall("maf-mem", "customer") == [] and model_team.fake_tier.held == 0
+
+
+async def test_the_provider_on_another_model_for_a_bound_agent_raises_the_typed_error(
+        model_team: FakeModelPool) -> None:
+    await AgentMemChatClient(model_team, agent_id="maf-mem-bound", model="small", max_tokens=2).get_response(HI)
+    memory = AgentMemContextProvider(model_team, agent_id="maf-mem-bound", model="big")
+    with pytest.raises(ModelMismatchError):
+        await memory.recall("maf-mem-bound", "which colour was named")
+    assert model_team.fake_tier.held == 0 and model_team.model_of("maf-mem-bound") == "small"
+
+
+def test_the_provider_checks_the_model(model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
+    with pytest.raises(UnknownModelError):
+        AgentMemContextProvider(model_team, model="huge")
+    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
+        AgentMemContextProvider(tiny_model_pools["small"], model="small")
+    assert AgentMemContextProvider(model_team, model="big").pool is model_team and model_team.fake_tier.log == []

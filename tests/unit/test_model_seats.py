@@ -2,8 +2,9 @@
 
 The integrations' own tests (`test_*_models.py`) run their calls through these seats;
 here are the seats themselves: a `MemoryPool` as it is, a lease on a `ModelPool`'s
-model, the typed errors, and a lease taken for a coroutine cancelled while its model
-loads (released, never leaked).
+model, the typed errors, a lease taken for a coroutine cancelled while its model
+loads (released, never leaked), and the memories' seat (`memory_seat`, `recall_on`:
+the agent's model, nothing bound, no call counted).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,9 +20,10 @@ import pytest
 from agentmem import PoolConfig
 from agentmem.errors import ConfigError, ModelMismatchError, UnknownModelError
 from agentmem.models import aseat, seat
-from agentmem.models.seats import alease, check_model, hold_pools, model_for, model_name
+from agentmem.models.seats import alease, check_model, hold_pools, memory_seat, model_for, model_name
 from agentmem.tools import hold_pool
 from agentmem.tools import registry
+from agentmem.tools.recall import recall_on
 from tests.fixtures.model_pools import FakeModelPool
 
 
@@ -41,9 +44,31 @@ class Recorder:
         self.calls.append(("expect", order, scope))
 
 
+class Archive(Recorder):
+    """A model's pool as far as recall goes: one evicted span over a one-line history, searches recorded."""
+
+    history = "The vault password is marmalade."
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.model = SimpleNamespace(detokenize=lambda tokens: "".join(chr(t) for t in tokens))
+
+    def recall(self, agent_id: str, query: str, k: int = 5) -> list[Any]:
+        self.calls.append(("recall", agent_id, query))
+        return [SimpleNamespace(start=4, end=18, score=1.0, region=0)]
+
+    def history_tokens(self, agent_id: str) -> list[int]:
+        return [ord(c) for c in self.history]
+
+
 @pytest.fixture
 def team() -> FakeModelPool:
     return FakeModelPool({"a": Recorder("a"), "b": Recorder("b")})
+
+
+@pytest.fixture
+def archives() -> FakeModelPool:
+    return FakeModelPool({"a": Archive("a"), "b": Archive("b")})
 
 
 def test_a_single_pool_seat_holds_nothing() -> None:
@@ -137,3 +162,41 @@ def test_a_lease_taken_after_its_caller_was_cancelled_is_released() -> None:
     asyncio.run(main())  # asyncio.run waits for the default executor's thread
     assert team.fake_tier.log == [("acquire", "a"), ("release", "a")]
 
+
+
+def test_a_memory_seat_holds_the_bound_agents_model_and_binds_nothing(archives: FakeModelPool) -> None:
+    plain = Archive("a")
+    with memory_seat(plain, "x") as lease:  # type: ignore[arg-type,union-attr]
+        assert lease.pool is plain and lease.name == ""
+    assert memory_seat(archives, "new", model="b") is None  # bound to no model: no memory anywhere
+    assert archives.model_of("new") is None and archives.fake_tier.log == []
+    archives.bind("x", "b")
+    seat_b = memory_seat(archives, "x")
+    assert seat_b is not None and seat_b.pool is archives.tier.slots["b"].pool
+    assert (seat_b.name, seat_b.agent_id) == ("b", None)
+    assert archives.fake_tier.uses["b"] == 1
+    seat_b.release()
+    assert archives.fake_tier.log == [("acquire", "b"), ("release", "b")]
+    assert archives.workflow._last is None, "a memory's seat is no call of the agent"
+
+
+def test_recall_on_searches_the_agents_model_and_releases_it(archives: FakeModelPool) -> None:
+    archives.bind("x", "b")
+    spans = recall_on(archives, "x", "the vault password?", 2, model="b")
+    assert [text for text, _ in spans] == ["The vault password is marmalade."]
+    a, b = archives.tier.slots["a"].pool, archives.tier.slots["b"].pool
+    assert ("recall", "x", "the vault password?") in b.calls and not a.calls
+    assert archives.fake_tier.held == 0 and archives.fake_tier.log == [("acquire", "b"), ("release", "b")]
+    assert recall_on(archives, "x", "what is it", 2) == []  # no word to search: no seat taken
+    assert recall_on(archives, "unbound", "the vault password", 2) == [] and archives.model_of("unbound") is None
+    assert len(archives.fake_tier.log) == 2
+    plain = Archive("a")
+    assert recall_on(plain, "x", "vault", 1)[0][0] == "The vault password is marmalade."
+
+
+def test_recall_on_another_model_for_a_bound_agent_is_refused_and_holds_nothing(archives: FakeModelPool) -> None:
+    archives.bind("x", "b")
+    with pytest.raises(ModelMismatchError) as info:
+        recall_on(archives, "x", "the vault password", 2, model="a")
+    assert (info.value.agent_id, info.value.bound, info.value.asked) == ("x", "b", "a")
+    assert archives.fake_tier.log == [] and not archives.tier.slots["a"].pool.calls
