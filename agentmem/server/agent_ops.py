@@ -21,6 +21,7 @@ from agentmem.pool import MemoryPool
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 from agentmem.server.identity import authorize
+from agentmem.server.metrics import note_model
 
 if TYPE_CHECKING:
     from agentmem.models import ModelPool
@@ -56,6 +57,7 @@ class AgentOps:
             yield self._pool()
             return
         seat = await self.models.agent_seat(agent_id)
+        note_model(seat.name)
         try:
             yield seat.pool
         finally:

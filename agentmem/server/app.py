@@ -33,7 +33,7 @@ from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError, error_body, from_exception
-from agentmem.server.metrics import CONTENT_TYPE
+from agentmem.server.metrics import CONTENT_TYPE, request_model
 from agentmem.server.responses_store import ResponseStore
 from agentmem.server.settings import ServerSettings
 
@@ -93,7 +93,10 @@ class BodyLimit:
 
 
 class _CountRequests:
-    """ASGI middleware: counts answers by route template and status (`agentmem_requests_total`)."""
+    """ASGI middleware: counts answers by model, route template and status (`agentmem_requests_total`).
+
+    The model is the one the request was seated on (`metrics.note_model`, below this middleware).
+    """
 
     def __init__(self, app: ASGIApp, *, owner: FastAPI) -> None:
         self.app, self.owner = app, owner
@@ -110,14 +113,15 @@ class _CountRequests:
                 status = message["status"]
             await send(message)
 
-        try:
-            await self.app(scope, receive, counting)
-        finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            eng: Engine | None = getattr(self.owner.state, "engine", None)
-            if eng is not None:
-                eng.metrics.observe_request(path, status)
+        with request_model() as model:
+            try:
+                await self.app(scope, receive, counting)
+            finally:
+                route = scope.get("route")
+                path = getattr(route, "path", None) or "unmatched"
+                eng: Engine | None = getattr(self.owner.state, "engine", None)
+                if eng is not None:
+                    eng.metrics.observe_request(path, status, model=model[0] if model else None)
 
 
 def _install_handlers(app: FastAPI) -> None:

@@ -30,7 +30,7 @@ from agentmem.server.agent_ops import AgentOps
 from agentmem.server.auth import Principal
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
-from agentmem.server.metrics import ServerMetrics
+from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import CallLease, Quotas
 from agentmem.server.registry import ManyModels, Models, OneModel, Target
@@ -139,7 +139,8 @@ class Engine(AgentOps):
                                else OneModel(self._pool, lambda: self.model_name))
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
-                                     models=self._model_series if self.team is not None else None)
+                                     models=self._model_series if self.team is not None else None,
+                                     model_names=self.model_names)
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -150,6 +151,10 @@ class Engine(AgentOps):
         if self.settings.model_name:
             return self.settings.model_name
         return Path(self.pool.model_path).stem if self.pool is not None else "agentmem"
+
+    def model_names(self) -> tuple[str, ...]:
+        """The models this server serves (its configuration's names: the only `model` labels of `/metrics`)."""
+        return self.team.names if self.team is not None else (self.model_name,)
 
     @property
     def banner(self) -> str:
@@ -234,7 +239,9 @@ class Engine(AgentOps):
     # ------------------------------------------------------------------ which agent, which model
     async def seat(self, agent_id: str, model: str | None) -> Target:
         """The `Target` of a call of the named `agent_id` (`model`: what the request's field names)."""
-        return Target(agent_id, await self.models.seat(agent_id, model))
+        seat = await self.models.seat(agent_id, model)
+        note_model(seat.name)
+        return Target(agent_id, seat)
 
     async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest,
                         model: str | None = None) -> Target:
@@ -245,6 +252,7 @@ class Engine(AgentOps):
         request's model only; the line stays claimed until the call's lease is released.
         """
         seat = await self.models.model_seat(model)
+        note_model(seat.name)
         try:
             scope = "" if principal.name == "local" else principal.prefix
             line = await self.queue.call(self._lookup(req, seat.pool, scope))
@@ -297,6 +305,7 @@ class Engine(AgentOps):
     async def count_tokens(self, model: str | None, req: ChatCompletionRequest) -> int:
         """The prompt size of a chat request on `model` (its tools included), without calling it."""
         seat = await self.models.model_seat(self.models.choose(model))
+        note_model(seat.name)
         try:
             call = chat_call("count", req, self.settings, seat.pool.tool_format)
             return int(await self.queue.call(functools.partial(seat.pool.count_tokens, call.pool_messages(),
@@ -320,11 +329,12 @@ class Engine(AgentOps):
 
     def _runner(self, seat: ModelLease) -> CallRunner:
         """The protocol's runner on the seat's pool, this server's agent turns, worker threads and metrics."""
-        runner = self._runners.get(seat.name)
+        name = seat.name
+        runner = self._runners.get(name)
         if runner is None or runner.pool is not seat.pool:  # a model loaded again is a new pool
-            runner = self._runners[seat.name] = CallRunner(
+            runner = self._runners[name] = CallRunner(
                 seat.pool, turns=self.queue.turns, workers=self.queue.workers,
-                on_result=lambda _plan, result: self.metrics.observe_call(result),
+                on_result=lambda _plan, result: self.metrics.observe_call(result, model=name),
                 strategy=get_strategy(self.settings.decode_strategy))
         return runner
 

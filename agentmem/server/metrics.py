@@ -13,9 +13,9 @@ Series named like llama-server's where the meaning matches, so its dashboards wo
 | `llamacpp:requests_processing` | requests being served now |
 | `llamacpp:requests_deferred` | requests waiting for their agent (another call of it runs) |
 
-and `agentmem_*` series: kept by the server (`agentmem_requests_total{route,status}`,
-`agentmem_ttft_seconds{kv}` per call, `agentmem_prompt_tokens_cached_total`,
-`agentmem_prompt_tokens_prefilled_total`, `agentmem_client_disconnects_total`) and read
+and `agentmem_*` series: kept by the server (`agentmem_requests_total{model,route,status}`,
+`agentmem_ttft_seconds{model,kv}` per call, `agentmem_prompt_tokens_cached_total{model}`,
+`agentmem_prompt_tokens_prefilled_total{model}`, `agentmem_client_disconnects_total`) and read
 from `MemoryPool.stats()` at scrape time (`agentmem_agents`, `agentmem_tier_agents{tier}`,
 `agentmem_tier_bytes{tier}`, `agentmem_restores_total{tier}`, `agentmem_kv_reuses_total`,
 `agentmem_parks_total`, `agentmem_demotions_total`, `agentmem_drops_total`,
@@ -28,7 +28,16 @@ series say where the weights are: `agentmem_model_loaded{model}` (1/0),
 `agentmem_model_bytes{model,kind}` (`weights`, `context`), `agentmem_model_agents{model}`,
 `agentmem_model_in_use{model}`, `agentmem_model_loads_total{model}`,
 `agentmem_model_unloads_total{model}`, `agentmem_model_prefetch_loads_total{model}`.
-The server's own counters (tokens, TTFT, requests) stay server-wide.
+
+The server's call-level series (the `llamacpp:` token and time counters and throughputs,
+`agentmem_prompt_tokens_*`, `agentmem_ttft_seconds`, `agentmem_requests_total`) carry a
+`model` label too, with one model as with several: the model the call ran on (the
+engine's runner of that model), a request's the model it was seated on (`note_model`).
+Label values come from the server's configured names only (`model_names`), never from a
+request: a name outside them counts under `model=""`, as does a request that picked no
+model with several (`/health`, an unknown model's 404; with one model it is that model).
+Every configured model has its call series from the start (zeros). `llamacpp:requests_*`
+and `agentmem_client_disconnects_total` stay server-wide.
 
 Who may read it: every caller on a server without keys; with keys, admin keys only
 (`metrics_public=True` opens it to every valid key): the series aggregate all tenants.
@@ -37,16 +46,18 @@ Who may read it: every caller on a server without keys; with keys, admin keys on
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from collections import Counter
-from typing import Any, Callable, Iterator
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from agentmem.pool import ChatResult
 
-__all__ = ["CONTENT_TYPE", "TTFT_BUCKETS", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "TTFT_BUCKETS", "ServerMetrics", "note_model", "request_model"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -70,6 +81,45 @@ _POOL_COUNTERS = {
     "agentmem_batched_steps": ("batched_steps", "Decode steps that served several agents at once."),
     "agentmem_recalls": ("recalls", "Recall searches."),
 }
+
+# the server's call series, labelled by model: key -> (kind, name, help)
+_CALL_SERIES: dict[str, tuple[type, str, str]] = {
+    "prefilled": (CounterMetricFamily, "llamacpp:prompt_tokens", "Number of prompt tokens processed."),
+    "prompt_s": (CounterMetricFamily, "llamacpp:prompt_seconds", "Prompt process time (prefill and restore)."),
+    "predicted": (CounterMetricFamily, "llamacpp:tokens_predicted", "Number of generation tokens processed."),
+    "predicted_s": (CounterMetricFamily, "llamacpp:tokens_predicted_seconds", "Predict process time."),
+    "prompt_rate": (GaugeMetricFamily, "llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s."),
+    "predicted_rate": (GaugeMetricFamily, "llamacpp:predicted_tokens_seconds",
+                       "Average generation throughput in tokens/s."),
+    "cached": (CounterMetricFamily, "agentmem_prompt_tokens_cached",
+               "Prompt tokens served from kept KV (not decoded)."),
+    "decoded": (CounterMetricFamily, "agentmem_prompt_tokens_prefilled", "Prompt tokens decoded."),
+}
+
+# the model the HTTP request in this context was seated on: a cell the middleware owns, filled below it
+_REQUEST_MODEL: ContextVar[list[str] | None] = ContextVar("agentmem_request_model", default=None)
+
+
+@contextlib.contextmanager
+def request_model() -> Iterator[list[str]]:
+    """The block of one HTTP request: yields the cell `note_model` fills with the model it ran on.
+
+    A cell, not the variable's value, so a model noted in a task the request spawned (whose
+    context is a copy) still reaches the middleware.
+    """
+    cell: list[str] = []
+    token = _REQUEST_MODEL.set(cell)
+    try:
+        yield cell
+    finally:
+        _REQUEST_MODEL.reset(token)
+
+
+def note_model(name: str) -> None:
+    """Say which model the current HTTP request runs on (`agentmem_requests_total{model}`); no-op outside one."""
+    cell = _REQUEST_MODEL.get()
+    if cell is not None:
+        cell[:] = [name]
 
 
 class _Histogram:
@@ -99,6 +149,8 @@ class ServerMetrics:
         deferred: returns the number of requests waiting for their agent.
         models: several models: returns `(ModelPool.models(), {model: MemoryPool.stats()}
             of the loaded ones)`; the pool series are then labelled by model.
+        model_names: returns the configured model names, the only values of the call series'
+            `model` label (default: none, every call under `model=""`).
     """
 
     def __init__(
@@ -108,38 +160,48 @@ class ServerMetrics:
         processing: Callable[[], int],
         deferred: Callable[[], int],
         models: Callable[[], tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None = None,
+        model_names: Callable[[], Sequence[str]] = tuple,
     ) -> None:
         self._pool_stats, self._processing, self._deferred = pool_stats, processing, deferred
-        self._models = models
+        self._models, self._names = models, model_names
         self._lock = threading.Lock()
-        self.requests: Counter[tuple[str, str]] = Counter()
-        self.tokens = Counter()  # prompt_prefilled, prompt_cached, predicted, disconnects
-        self.seconds = Counter()  # prompt, predicted
-        self.ttft: dict[str, _Histogram] = {}
+        self.requests: Counter[tuple[str, str, str]] = Counter()  # (model, route, status)
+        self.tokens: Counter[tuple[str, str]] = Counter()  # (model, prompt_prefilled|prompt_cached|predicted)
+        self.seconds: Counter[tuple[str, str]] = Counter()  # (model, prompt|predicted)
+        self.disconnects = 0
+        self.ttft: dict[tuple[str, str], _Histogram] = {}  # (model, kv)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
     # ------------------------------------------------------------------ recording
-    def observe_call(self, result: ChatResult) -> None:
-        """Count one pool call's tokens and times."""
-        u, t = result.usage, result.timings
-        with self._lock:
-            self.tokens["prompt_prefilled"] += u.prompt_tokens - u.cached_tokens
-            self.tokens["prompt_cached"] += u.cached_tokens
-            self.tokens["predicted"] += u.completion_tokens
-            self.seconds["prompt"] += t.prefill_s + t.restore_s
-            self.seconds["predicted"] += t.decode_s
-            self.ttft.setdefault(result.kv, _Histogram(TTFT_BUCKETS)).observe(t.ttft_s)
+    def _label(self, model: str | None) -> str:
+        """The `model` label of a call or request: a configured name, else `""` (one model: that one)."""
+        names = tuple(self._names())
+        if model is None and len(names) == 1:
+            return names[0]
+        return model if model in names else ""
 
-    def observe_request(self, route: str, status: int) -> None:
-        """Count one answered request."""
+    def observe_call(self, result: ChatResult, *, model: str | None = None) -> None:
+        """Count one pool call's tokens and times under the model it ran on."""
+        u, t, m = result.usage, result.timings, self._label(model)
         with self._lock:
-            self.requests[(route, str(status))] += 1
+            self.tokens[(m, "prompt_prefilled")] += u.prompt_tokens - u.cached_tokens
+            self.tokens[(m, "prompt_cached")] += u.cached_tokens
+            self.tokens[(m, "predicted")] += u.completion_tokens
+            self.seconds[(m, "prompt")] += t.prefill_s + t.restore_s
+            self.seconds[(m, "predicted")] += t.decode_s
+            self.ttft.setdefault((m, result.kv), _Histogram(TTFT_BUCKETS)).observe(t.ttft_s)
+
+    def observe_request(self, route: str, status: int, *, model: str | None = None) -> None:
+        """Count one answered request (`model`: the one it was seated on; `None`: it picked none)."""
+        m = self._label(model)
+        with self._lock:
+            self.requests[(m, route, str(status))] += 1
 
     def observe_disconnect(self) -> None:
         """Count a client that went away mid-stream."""
         with self._lock:
-            self.tokens["disconnects"] += 1
+            self.disconnects += 1
 
     def render(self) -> bytes:
         """The Prometheus text (blocking: reads the pool's stats under its lock)."""
@@ -151,39 +213,24 @@ class ServerMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            tokens, seconds = dict(self.tokens), dict(self.seconds)
+            tokens, seconds, disconnects = dict(self.tokens), dict(self.seconds), self.disconnects
             requests = dict(self.requests)
             ttft = {k: (h.cumulative(), h.sum) for k, h in self.ttft.items()}
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, value=value)
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, value=value)
-
-        prefilled, predicted = tokens.get("prompt_prefilled", 0), tokens.get("predicted", 0)
-        p_s, g_s = seconds.get("prompt", 0.0), seconds.get("predicted", 0.0)
-        yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", prefilled)
-        yield counter("llamacpp:prompt_seconds", "Prompt process time (prefill and restore).", p_s)
-        yield counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", predicted)
-        yield counter("llamacpp:tokens_predicted_seconds", "Predict process time.", g_s)
-        yield gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prefilled / p_s if p_s else 0.0)
-        yield gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.", predicted / g_s if g_s else 0.0)
-        yield gauge("llamacpp:requests_processing", "Number of requests processing.", self._processing())
-        yield gauge("llamacpp:requests_deferred", "Number of requests deferred (waiting for their agent).", self._deferred())
-
-        yield counter("agentmem_prompt_tokens_cached", "Prompt tokens served from kept KV (not decoded).",
-                      tokens.get("prompt_cached", 0))
-        yield counter("agentmem_prompt_tokens_prefilled", "Prompt tokens decoded.", prefilled)
-        yield counter("agentmem_client_disconnects", "Streams whose client went away.", tokens.get("disconnects", 0))
-        req = CounterMetricFamily("agentmem_requests", "HTTP requests answered.", labels=["route", "status"])
-        for (route, status), n in sorted(requests.items()):
-            req.add_metric([route, status], n)
+        models = sorted({*self._names(), *(m for m, _ in tokens)})
+        yield from _call_series(models, tokens, seconds)
+        yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.",
+                                value=self._processing())
+        yield GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred (waiting for their agent).",
+                                value=self._deferred())
+        yield CounterMetricFamily("agentmem_client_disconnects", "Streams whose client went away.", value=disconnects)
+        req = CounterMetricFamily("agentmem_requests", "HTTP requests answered.", labels=["model", "route", "status"])
+        for key, n in sorted(requests.items()):
+            req.add_metric(list(key), n)
         yield req
         hist = HistogramMetricFamily("agentmem_ttft_seconds", "Time to first token of one pool call, by how its KV was found.",
-                                     labels=["kv"])
-        for kv, (buckets, total) in sorted(ttft.items()):
-            hist.add_metric([kv], buckets, total)
+                                     labels=["model", "kv"])
+        for (model, kv), (buckets, total) in sorted(ttft.items()):
+            hist.add_metric([model, kv], buckets, total)
         yield hist
         yield from self._pool_series()
 
@@ -196,6 +243,21 @@ class ServerMetrics:
         stats = self._pool_stats()
         if stats is not None:
             yield from _stats_series({"": stats}, labelled=False)
+
+
+def _call_series(models: list[str], tokens: dict[tuple[str, str], float],
+                 seconds: dict[tuple[str, str], float]) -> Iterator[Metric]:
+    """The server's token and time series of pool calls, one sample per model (zeros before its first call)."""
+    fams = {key: kind(name, doc, labels=["model"]) for key, (kind, name, doc) in _CALL_SERIES.items()}
+    for m in models:
+        prefilled, predicted = tokens.get((m, "prompt_prefilled"), 0), tokens.get((m, "predicted"), 0)
+        p_s, g_s = seconds.get((m, "prompt"), 0.0), seconds.get((m, "predicted"), 0.0)
+        values = {"prefilled": prefilled, "prompt_s": p_s, "predicted": predicted, "predicted_s": g_s,
+                  "prompt_rate": prefilled / p_s if p_s else 0.0, "predicted_rate": predicted / g_s if g_s else 0.0,
+                  "cached": tokens.get((m, "prompt_cached"), 0), "decoded": prefilled}
+        for key, value in values.items():
+            fams[key].add_metric([m], value)
+    yield from fams.values()
 
 
 def _stats_series(by_model: dict[str, dict[str, Any]], *, labelled: bool) -> Iterator[Metric]:

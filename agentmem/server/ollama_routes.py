@@ -32,6 +32,7 @@ from agentmem.server.auth import Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.metrics import note_model
 from agentmem.server.ollama_schemas import (
     ChatRequest,
     GenerateRequest,
@@ -95,6 +96,7 @@ async def _loaded(eng: Engine, model: str | None) -> str:
         return eng.model_name
     seat = await eng.models.model_seat(eng.models.choose(model))
     seat.release()
+    note_model(seat.name)
     return seat.name
 
 
@@ -267,6 +269,7 @@ async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engin
     if eng.team is None:
         return _show(_pool_model(eng), eng.model_name)
     seat = await eng.models.model_seat(eng.models.choose(req.model or req.name))
+    note_model(seat.name)
     try:
         return _show(seat.pool, seat.name)
     finally:

@@ -265,6 +265,49 @@ def test_metrics_carry_a_model_label(server: Any) -> None:
     assert 'agentmem_tier_agents{model="llama",tier="hot"}' in text
 
 
+def _call_counts(srv: Any) -> dict[tuple[str, str], float]:
+    """`(series, model) -> value` of the call-level series of `/metrics` (requests: the 200s of chat only)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{srv.base_url}/metrics").text):
+        for x in family.samples:
+            labels = dict(x.labels)
+            if x.name == "agentmem_requests_total":
+                if (labels["route"], labels["status"]) == ("/v1/chat/completions", "200"):
+                    out[(x.name, labels["model"])] = x.value
+                elif labels["status"] == "404":
+                    out[("404", labels["model"])] = out.get(("404", labels["model"]), 0) + x.value
+            elif x.name in ("agentmem_prompt_tokens_cached_total", "agentmem_prompt_tokens_prefilled_total",
+                            "llamacpp:tokens_predicted_total", "agentmem_ttft_seconds_count"):
+                out[(x.name, labels["model"])] = out.get((x.name, labels["model"]), 0) + x.value
+    return out
+
+
+def test_metrics_split_requests_and_tokens_by_the_model_each_call_ran_on(server: Any) -> None:
+    """The call series (requests, tokens, TTFT) carry the model the call ran on, never a name a request made up."""
+    before = _call_counts(server)
+    sent: dict[str, list[dict[str, Any]]] = {"llama": [], "qwen": []}
+    for model, user in (("llama", "pm-a"), ("llama", "pm-a"), ("qwen", "pm-b")):
+        sent[model].append(_chat(server, {"model": model, "user": user, "messages": HI}).json()["usage"])
+    assert _chat(server, {"model": "gpt-4o", "user": "pm-x", "messages": HI}).status_code == 404
+    after = _call_counts(server)
+
+    def grew(series: str, model: str) -> float:
+        return after.get((series, model), 0) - before.get((series, model), 0)
+
+    for model, usages in sent.items():
+        assert grew("agentmem_requests_total", model) == len(usages), (model, before, after)
+        assert grew("agentmem_ttft_seconds_count", model) == len(usages)
+        cached = grew("agentmem_prompt_tokens_cached_total", model)
+        prompt = cached + grew("agentmem_prompt_tokens_prefilled_total", model)
+        assert prompt == sum(u["prompt_tokens"] for u in usages) > 0, (model, usages)
+        assert cached == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+        assert grew("llamacpp:tokens_predicted_total", model) == sum(u["completion_tokens"] for u in usages)
+    assert grew("404", "") == 1  # the unknown model picked none: no `gpt-4o` label
+    assert {m for (_, m) in after} <= {"llama", "qwen", ""}, sorted(after)
+
+
 # ------------------------------------------------------------------ errors and flags
 def test_model_errors_map_to_typed_http_errors() -> None:
     assert from_exception(UnknownModelError("model: no model 'x'")).status == 404

@@ -56,6 +56,21 @@ def test_models_and_health(server: Any, client: Any) -> None:
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
 
 
+def test_metrics_label_the_one_model_and_nothing_else(server: Any, client: Any) -> None:
+    """With one model the call series only gain `model="tiny"`, whatever model a request names."""
+    r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], user="metrics-1",
+                                       max_tokens=2)
+    assert r.model == "tiny" and httpx.get(f"{server.base_url}/health").status_code == 200
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert 'agentmem_requests_total{model="tiny",route="/v1/chat/completions",status="200"}' in text
+    assert 'agentmem_requests_total{model="tiny",route="/health",status="200"}' in text
+    assert 'llamacpp:prompt_tokens_total{model="tiny"}' in text
+    assert 'agentmem_prompt_tokens_cached_total{model="tiny"}' in text
+    assert 'agentmem_ttft_seconds_count{kv="prefilled",model="tiny"}' in text
+    assert "gpt-4o" not in text and 'model=""' not in text
+    assert "\nagentmem_client_disconnects_total " in text  # server-wide: no label
+
+
 def test_chat_reuses_the_agents_kv_across_calls(client: Any) -> None:
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You plan."}, {"role": "user", "content": "Plan a picnic."}]
     first = client.chat.completions.create(model="tiny", messages=msgs, user="planner", max_tokens=8)

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
            "strict": True}
-_SERIES = re.compile(r'^agentmem_requests_total\{route="([^"]+)",status="(\d+)"\} ([0-9.e+]+)$', re.M)
+_SERIES = re.compile(r'^agentmem_requests_total\{model="[^"]*",route="([^"]+)",status="(\d+)"\} ([0-9.e+]+)$', re.M)
 
 
 def get_weather_text(city: str) -> str:
@@ -45,7 +45,11 @@ def get_weather_text(city: str) -> str:
 def _routes(served: Served) -> dict[str, int]:
     """Requests answered so far, per `route status` (the server's `agentmem_requests_total`)."""
     text = httpx.get(f"{served.base_url}/metrics", timeout=30.0).text
-    return {f"{r} {s}": int(float(n)) for r, s, n in _SERIES.findall(text) if r.startswith("/v1/")}
+    out: dict[str, int] = {}
+    for r, s, n in _SERIES.findall(text):  # summed over the `model` label (one model here)
+        if r.startswith("/v1/"):
+            out[f"{r} {s}"] = out.get(f"{r} {s}", 0) + int(float(n))
+    return out
 
 
 def _sent(served: Served, before: dict[str, int], who: str) -> dict[str, int]:
