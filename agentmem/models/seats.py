@@ -28,10 +28,11 @@ from agentmem.errors import CallCancelledError, ConfigError, ModelMismatchError
 from agentmem.models.lease import ModelLease
 from agentmem.models.pool import ModelPool
 from agentmem.pool import MemoryPool
+from agentmem.tools.recall import recall_spans, words
 from agentmem.tools.registry import PoolFactory, hold_pool
 
 __all__ = [
-    "Pools", "alease", "aseat", "check_model", "hold_pools", "memory_seat", "model_for", "model_name", "seat",
+    "Pools", "alease", "aseat", "check_model", "hold_pools", "memory_seat", "model_for", "model_name", "recall_on", "seat",
 ]
 
 Pools = Union[MemoryPool, ModelPool]
@@ -166,3 +167,23 @@ async def alease(take: Callable[[], ModelLease], *, call: Call | None = None) ->
         if lease is not None:
             lease.release()
         raise
+
+
+def recall_on(pools: Any, agent_id: str, query: str, k: int, *, model: str | None = None) -> list[tuple[str, Any]]:
+    """`agentmem.tools.recall.recall_spans` on `agent_id`'s model: a `MemoryPool` as it is, or its model's pool in a `ModelPool`.
+
+    The model is held by a seat (`memory_seat`: binds nothing, counts
+    no call) for the search and released after, also when it fails. An agent of a
+    `ModelPool` bound to no model yet has nothing evicted: `[]`, nothing loaded. Blocking
+    (the search and a model's load): run it in a worker thread.
+
+    Raises:
+        ModelMismatchError: `agent_id` is bound to another model than `model`.
+    """
+    if not words(query) or k == 0:
+        return []
+    lease = memory_seat(pools, agent_id, model=model)
+    if lease is None:
+        return []
+    with lease:
+        return recall_spans(lease.pool, agent_id, query, k)

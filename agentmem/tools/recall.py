@@ -6,7 +6,7 @@ An integration's memory (AutoGen's `AgentMemMemory`, MAF's `AgentMemContextProvi
 adds the facts it was given in one message that starts with `FACTS_HEADER` (the client
 pins it in the KV: `pin_facts`), and the evicted spans the latest message asks about in
 one that starts with `RECALL_HEADER` (`recall_spans`, `recall_block`). Over a `ModelPool`
-the memories recall through `recall_on`, on the agent's model under a seat.
+the memories recall through `agentmem.models.seats.recall_on`, on the agent's model under a seat.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import re
 from typing import Any, Mapping, Sequence
 
 from agentmem.errors import AgentMemError
-from agentmem.models.seats import memory_seat
 
 __all__ = [
     "CONTEXT_TOKENS", "FACTS_HEADER", "RECALL_HEADER", "facts_block", "is_memory_text", "pin_facts_sync",
-    "recall_block", "recall_on", "recall_spans", "words",
+    "recall_block", "recall_spans", "words",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,26 +100,6 @@ def recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str
         if len(out) == k:
             break
     return out
-
-
-def recall_on(pools: Any, agent_id: str, query: str, k: int, *, model: str | None = None) -> list[tuple[str, Any]]:
-    """`recall_spans` on `agent_id`'s model: a `MemoryPool` as it is, or its model's pool in a `ModelPool`.
-
-    The model is held by a seat (`agentmem.models.seats.memory_seat`: binds nothing, counts
-    no call) for the search and released after, also when it fails. An agent of a
-    `ModelPool` bound to no model yet has nothing evicted: `[]`, nothing loaded. Blocking
-    (the search and a model's load): run it in a worker thread.
-
-    Raises:
-        ModelMismatchError: `agent_id` is bound to another model than `model`.
-    """
-    if not words(query) or k == 0:
-        return []
-    lease = memory_seat(pools, agent_id, model=model)
-    if lease is None:
-        return []
-    with lease:
-        return recall_spans(lease.pool, agent_id, query, k)
 
 
 def pin_facts_sync(pool: Any, agent_id: str, messages: Sequence[Mapping[str, Any]]) -> None:

@@ -8,7 +8,7 @@ call `update_context` searches the agent's evicted text for what the latest mess
 asks about and adds the best spans to the model context, and keeps the facts given
 to `add` in one system message that the agent's client pins in the KV (never
 evicted). Over a `ModelPool` each recall runs on the agent's model, held for it
-(`agentmem.tools.recall.recall_on`), and the client pins the facts on that model's pool.
+(`agentmem.models.seats.recall_on`), and the client pins the facts on that model's pool.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import agentmem.validation as check
 from agentmem import ConfigError, MemoryPool, ModelPool, PoolConfig
 from agentmem.models.seats import Pools, hold_pools
 from agentmem.tools import release
-from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync, recall_on
+from agentmem.models.seats import recall_on
+from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
         return UpdateContextResult(memories=MemoryQueryResult(results=added))
 
     async def _recall(self, query: str, k: int) -> list[tuple[str, Any]]:
-        """The `k` best evicted spans as `(text, span)`, on the agent's model (`agentmem.tools.recall.recall_on`)."""
+        """The `k` best evicted spans as `(text, span)`, on the agent's model (`agentmem.models.seats.recall_on`)."""
         return await asyncio.to_thread(recall_on, self._pool, self._agent_id, query, k, model=self._model)
 
     async def clear(self) -> None:

@@ -12,7 +12,7 @@ the best spans as a system message ahead of the input.
 Both are placed so the agent's KV stays a prefix: the facts at the start of the prompt
 (they change only when a fact is added), the recalled text with the new input, which the
 session's history keeps from then on. Over a `ModelPool` each recall runs on the agent's
-model, held for it (`agentmem.tools.recall.recall_on`), and the client pins the facts on
+model, held for it (`agentmem.models.seats.recall_on`), and the client pins the facts on
 that model's pool.
 """
 
@@ -29,7 +29,8 @@ import agentmem.validation as check
 from agentmem import MemoryPool, PoolConfig
 from agentmem.models.seats import Pools, hold_pools
 from agentmem.tools import release
-from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block, recall_on
+from agentmem.models.seats import recall_on
+from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block
 
 from ._identity import resolve_agent_id
 
@@ -159,7 +160,7 @@ class AgentMemContextProvider(ContextProvider):
     async def recall(self, agent_id: str, query: str, k: int | None = None) -> list[str]:
         """The evicted text of `agent_id` best matching `query` (at most `k`, default this provider's).
 
-        Runs on the agent's model (`agentmem.tools.recall.recall_on`), held only for the search.
+        Runs on the agent's model (`agentmem.models.seats.recall_on`), held only for the search.
         """
         spans = await asyncio.to_thread(recall_on, self._pool, agent_id, query, self._k if k is None else k,
                                         model=self._model)
