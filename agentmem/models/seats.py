@@ -170,10 +170,9 @@ async def alease(take: Callable[[], ModelLease], *, call: Call | None = None) ->
 
 
 def recall_on(pools: Any, agent_id: str, query: str, k: int, *, model: str | None = None) -> list[tuple[str, Any]]:
-    """`agentmem.tools.recall.recall_spans` on `agent_id`'s model: a `MemoryPool` as it is, or its model's pool in a `ModelPool`.
+    """`agentmem.tools.recall.recall_spans` on `agent_id`'s model (a `ModelPool`'s, or the `MemoryPool`).
 
-    The model is held by a seat (`memory_seat`: binds nothing, counts
-    no call) for the search and released after, also when it fails. An agent of a
+    The model is held by a seat (`memory_seat`: binds nothing, counts no call) for the search and released after, also when it fails. An agent of a
     `ModelPool` bound to no model yet has nothing evicted: `[]`, nothing loaded. Blocking
     (the search and a model's load): run it in a worker thread.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from agentmem import validation as check
 from agentmem.errors import ConfigError, UnknownAgentError
@@ -43,12 +43,10 @@ class AgentOps:
     quotas: Quotas
     replica: Any
     team: ModelPool | None
-
-    def _pool(self) -> MemoryPool:
-        raise NotImplementedError
-
-    def _owned(self, agent_id: str) -> Any:
-        raise NotImplementedError
+    _pool: Callable[[], MemoryPool]
+    """The one model's pool (`Engine._pool`)."""
+    _owned: Callable[[str], Any]
+    """The agent's lease in cluster mode, else `None` (`Engine._owned`)."""
 
     @contextlib.asynccontextmanager
     async def _on(self, agent_id: str) -> AsyncIterator[MemoryPool]:

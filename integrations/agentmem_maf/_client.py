@@ -74,16 +74,15 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     ```python
     response = await researcher.run("What does order 17 weigh?")
     response.text, response.usage_details["cache_read_input_token_count"]
-    async for update in researcher.run("And order 18?", stream=True):
-        print(update.text, end="")
+    pieces = [update.text async for update in researcher.run("And order 18?", stream=True)]
     ```
 
     Tools: the agent's function tools are shown to the model through its chat template
     (Qwen2.5, Llama 3.1+, Mistral) or agentmem's tools block; a reply that calls one is a
     `function_call` content, which MAF's function-invocation loop runs, sending the result
     back for the next call. `tool_choice="required"` (or a named function) constrains the
-    reply to a valid call by a grammar; with `"auto"` a malformed call attempt is redone
-    under the grammar. The call is kept in the KV in the form the template writes it back,
+    reply to a valid call by a grammar; with `"auto"` the reply decodes once under a lazy
+    grammar: free text until the model opens a call, a valid call from there. The call is kept in the KV in the form the template writes it back,
     so the call after the tool result reuses the whole turn. A small model may call a tool
     again and again: `function_invocation_configuration={"max_function_calls": 1}` makes
     MAF send the call after the result with `tool_choice="none"` (the tools stay shown, so
