@@ -10,6 +10,10 @@ so switching agents costs a restore (milliseconds) instead of a re-prefill.
 
 from __future__ import annotations
 
+# First, before anything that imports numpy: llama.cpp's native libraries (a CUDA build
+# segfaults at its first model load when numpy initialised first; see native_first).
+from agentmem.engine import native_first  # noqa: F401  isort: skip
+
 import logging
 
 from agentmem.config import PoolConfig
@@ -21,6 +25,7 @@ from agentmem.errors import (
     ContextOverflowError,
     EngineError,
     FingerprintMismatch,
+    ImportOrderError,
     MessageError,
     ModelError,
     ModelNotFoundError,
@@ -44,6 +49,7 @@ __all__ = [
     "ContextOverflowError",
     "EngineError",
     "FingerprintMismatch",
+    "ImportOrderError",
     "MemoryPool",
     "MessageError",
     "ModelError",

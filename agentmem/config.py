@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
 from agentmem import validation as check
+from agentmem.engine.offload import check_gpu_layers, default_gpu_layers
 from agentmem.errors import ConfigError
 
 __all__ = ["KV_LAYOUTS", "KVLayout", "PoolConfig", "check_tenants"]
@@ -64,7 +65,9 @@ class PoolConfig:
         n_ubatch: physical micro-batch size.
         n_threads: CPU threads of llama.cpp (`0` = `AGENTMEM_THREADS`, else the physical
             cores less the machine's load; see `agentmem.engine.threads.default_threads`).
-        n_gpu_layers: layers offloaded on CUDA/Metal builds (`-1` = all).
+        n_gpu_layers: layers offloaded on CUDA/Metal builds (`-1` = all, `0` = CPU only;
+            `None` = `AGENTMEM_N_GPU_LAYERS`, else `0`; see `agentmem.engine.offload`).
+            Resolved to an int when the config is built.
         flash_attn: enable flash attention (required for a quantized V cache).
         type_k: element type of the live K cache (`f16`, `q8_0`, `q4_0` ...).
         type_v: element type of the live V cache.
@@ -132,7 +135,7 @@ class PoolConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int = 0
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None
     flash_attn: bool = True
     type_k: str = "f16"
     type_v: str = "f16"
@@ -200,6 +203,8 @@ class PoolConfig:
             raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
+        gpu = default_gpu_layers() if self.n_gpu_layers is None else check_gpu_layers(self.n_gpu_layers)
+        object.__setattr__(self, "n_gpu_layers", gpu)  # frozen: store the resolved count
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 
     def to_dict(self) -> dict[str, Any]:

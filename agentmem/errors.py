@@ -19,6 +19,8 @@ application can catch the whole family with one `except`:
     ├── PoolClosedError          the pool is closed or closing (a call in flight when it closed)
     ├── CallCancelledError       the caller cancelled the call (`ChatStream.cancel`, a client gone)
     ├── EngineError              a llama.cpp call failed (names the call and code)
+    │   └── ImportOrderError     numpy was imported before agentmem, and on this GPU build a
+    │                            model load would crash (names the fix)
     ├── StateError               a KV state cannot be stored or restored
     │   ├── CodecError           a state blob cannot be parsed / encoded / decoded
     │   └── FingerprintMismatch  a stored state belongs to another model/config
@@ -55,6 +57,7 @@ __all__ = [
     "EngineError",
     "FingerprintMismatch",
     "GrammarLimitError",
+    "ImportOrderError",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -166,6 +169,12 @@ class CallCancelledError(AgentMemError):
 
 class EngineError(AgentMemError):
     """A llama.cpp call failed; the message names the call and its return code."""
+
+
+class ImportOrderError(EngineError):
+    """numpy (pandas, torch...) was imported before agentmem, and on this GPU build of
+    llama-cpp-python a model load in that order crashes (llama-cpp-python #1581); the message
+    names the fix: import agentmem first. See `agentmem.engine.native_first`."""
 
 
 class StateError(AgentMemError):

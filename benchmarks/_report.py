@@ -47,6 +47,33 @@ def make_pool(cfg: dict[str, Any], **options: Any) -> Any:
     return MemoryPool(cfg.get("model"), n_threads=cfg["threads"], **options)
 
 
+GPU_LAYERS_ENV = "AGENTMEM_N_GPU_LAYERS"  # read by PoolConfig(n_gpu_layers=None): agentmem.engine.offload
+
+
+class _GpuLayers(argparse.Action):
+    """Stores the count and exports it as `AGENTMEM_N_GPU_LAYERS`, so every pool of the run and every
+    `agentmem serve` it starts offloads the same layers without each script threading the value through."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values < -1:
+            parser.error(f"--n-gpu-layers must be >= -1 (-1 = every layer), got {values}")
+        os.environ[GPU_LAYERS_ENV] = str(values)
+        setattr(namespace, self.dest, values)
+
+
+def add_gpu_layers(ap: argparse.ArgumentParser) -> None:
+    """`--n-gpu-layers N` (the same for every variant of a benchmark): layers offloaded on a CUDA/Metal build."""
+    ap.add_argument("--n-gpu-layers", type=int, action=_GpuLayers, default=None, metavar="N",
+                    help=f"layers offloaded to the GPU by every pool of the run (-1 = all, 0 = CPU; "
+                         f"default {GPU_LAYERS_ENV}, else 0); exported as {GPU_LAYERS_ENV} to servers it starts")
+
+
+def gpu_layers() -> int:
+    """The layer count this run's pools use (`--n-gpu-layers`, else `AGENTMEM_N_GPU_LAYERS`, else 0)."""
+    return int(os.environ.get(GPU_LAYERS_ENV, "").strip() or 0)
+
+
 def sections(ap: argparse.ArgumentParser, only: str, valid: Sequence[str]) -> list[str]:
     """The ``--only`` list, or an argparse error naming the unknown ones."""
     chosen = [s.strip() for s in only.split(",") if s.strip()]
@@ -57,10 +84,11 @@ def sections(ap: argparse.ArgumentParser, only: str, valid: Sequence[str]) -> li
 
 
 def run_meta(script: str, model: str, args: argparse.Namespace, argv: list[str] | None, **extra: Any) -> dict[str, Any]:
-    """What a results file records about the run: model, threads, machine, load, the command."""
+    """What a results file records about the run: model, threads, offloaded layers, machine, load, the command."""
     return {
         "model": Path(model).name,
         "threads": args.threads,
+        "n_gpu_layers": gpu_layers(),
         "quick": getattr(args, "quick", False),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

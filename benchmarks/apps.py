@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._report import load, sections, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, sections, table  # noqa: E402
 from benchmarks._serving import pct  # noqa: E402
 
 VARIANT_KEYS = ("hints", "nohints", "resident", "llamacpp", "serve", "llama-server")
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--threads", type=int, default=0)
+    add_gpu_layers(ap)
     ap.add_argument("--only", default=",".join(APPS), help=f"apps, comma-separated: {', '.join(APPS)}")
     ap.add_argument("--variants", default=",".join(VARIANT_KEYS), help=f"comma-separated, may repeat: {', '.join(VARIANT_KEYS)}")
     ap.add_argument("--resident", type=int, default=2, help="live sequences (fewer than the agents)")

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import load, md_table, table  # noqa: E402
+from _report import add_gpu_layers, load, md_table, table  # noqa: E402
 
 logger = logging.getLogger("apps_autogen")
 
@@ -423,6 +423,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="RAM for parked states (0 = unlimited; the all-resident variant has none)")
     ap.add_argument("--archive", action="store_true", help="with --warm-mib: demote to a SQLite COLD tier instead of dropping")
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--kv-layout", default="auto", choices=("auto", "unified", "per_sequence"),
                     help="PoolConfig.kv_layout of the agentmem variants (per_sequence: a restored agent's cells do not mix with the others')")

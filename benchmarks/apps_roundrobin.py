@@ -38,7 +38,7 @@ import tempfile
 from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import load, md_table, table  # noqa: E402
+from _report import add_gpu_layers, load, md_table, table  # noqa: E402
 from apps_autogen import (  # noqa: E402
     MODEL, ROLES, TASKS, TEAM, Run, budget_options, make_tools, peer_client, publish, run_tasks,
 )
@@ -135,6 +135,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--tool-ms", type=float, default=150.0, help="simulated work of each tool call")
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--json", help="write the rows and metadata here")
     args = ap.parse_args(argv)

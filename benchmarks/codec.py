@@ -43,12 +43,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentmem import codec as C
+from agentmem import codec as C  # first: llama.cpp's libraries before numpy (engine/native_first.py)
 from agentmem.codec import CodecSpec, decode_state, encoded_info, parse_state
+from benchmarks._report import add_gpu_layers, gpu_layers
+
+import numpy as np
 
 logger = logging.getLogger("benchmarks.codec")
 
@@ -90,7 +91,7 @@ def real_state(n_tokens: int, *, flash_attn: bool, n_threads: int = 0) -> tuple[
     from agentmem.model import resolve_model_path
 
     path = resolve_model_path()
-    with LlamaModel(path) as model:
+    with LlamaModel(path, n_gpu_layers=gpu_layers()) as model:
         tokens = model.tokenize(corpus_text(8 * n_tokens), add_special=True)[:n_tokens]
         if len(tokens) < n_tokens:
             raise SystemExit(f"corpus too short: {len(tokens)} tokens")
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads", type=int, default=0, help="llama.cpp threads of the prefill (0 = AGENTMEM_THREADS or cores less the load)"
     )
+    add_gpu_layers(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -66,16 +66,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import llama_cpp as _ll  # noqa: E402
+import llama_cpp as _ll  # noqa: E402 - first: its libraries before numpy (agentmem/engine/native_first.py)
+import numpy as np  # noqa: E402
 
 from agentmem import codec as C  # noqa: E402
 from agentmem.codec import CodecSpec, decode_state, encoded_info  # noqa: E402
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, TokenBatch, llama_build_info  # noqa: E402
 
+from benchmarks._report import add_gpu_layers, gpu_layers  # noqa: E402
 from benchmarks._fidelity_prompts import Prompt, build_prompts, heldout_texts  # noqa: E402
 
 logger = logging.getLogger("benchmarks.fidelity")
@@ -561,7 +561,7 @@ def run_model(path: Path, args: argparse.Namespace, all_prompts: list[Prompt], c
         "kv": "f16 K/V, flash attention, swa_full, unified cache",
     }
     result: dict[str, Any] = {"meta": meta}
-    with LlamaModel(path) as model:
+    with LlamaModel(path, n_gpu_layers=gpu_layers()) as model:
         meta["n_vocab"] = int(model.n_vocab)
         prompts = [(p, model.tokenize(p.text, add_special=True)) for p in all_prompts]
         meta["prompt_tokens"] = {"min": min(len(t) for _, t in prompts), "max": max(len(t) for _, t in prompts),
@@ -624,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ppl-prefix", type=int, default=1024, help="tokens prefilled before the scored text")
     ap.add_argument("--ppl-tokens", type=int, default=256, help="held-out tokens scored by teacher forcing")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = probe 1 and 2, use the faster)")
+    add_gpu_layers(ap)
     ap.add_argument("--live", action="store_true", help="also measure a live quantized KV cache (type_k/type_v)")
     ap.add_argument("--live-only", action="store_true", help="only the live section")
     ap.add_argument("--live-types", default="q8_0",

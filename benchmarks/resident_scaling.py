@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.pool.layout import PER_SEQUENCE_FROM  # noqa: E402
-from benchmarks._report import load, md_table, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, md_table, table  # noqa: E402
 
 WORDS = ("river stone lantern market orchard signal harbor ledger garden copper thunder meadow compass violin "
          "bakery glacier pencil canyon tunnel beacon window silver forest engine planet basket mirror rocket "
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--tokens", type=int, default=1500, help="history tokens of each resident agent")
     ap.add_argument("--counts", default="1,2,4,8")
     ap.add_argument("--max-resident", type=int, default=8)

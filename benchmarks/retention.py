@@ -52,11 +52,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agentmem import MemoryPool  # noqa: E402 - first: llama.cpp's libraries before numpy (engine/native_first.py)
+from agentmem.policy.eviction import POLICIES, get_policy  # noqa: E402
+from agentmem.policy.view import REGION_CODE, LedgerView  # noqa: E402
+from benchmarks._report import add_gpu_layers  # noqa: E402
 
-from agentmem import MemoryPool
-from agentmem.policy.eviction import POLICIES, get_policy
-from agentmem.policy.view import REGION_CODE, LedgerView
+import numpy as np  # noqa: E402
 
 KINDS = ("system", "tool_result", "decision", "user")
 POLICY_ORDER = ("region_decay", "sliding_window", "streaming_llm")
@@ -502,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                          "auto = question when the GGUF ships a chat template")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = AGENTMEM_THREADS or cores less the load)")
-    ap.add_argument("--gpu-layers", type=int, default=0)
+    add_gpu_layers(ap)
     ap.add_argument("--quick", action="store_true", help="1.5k trace at 50%% budget only")
     ap.add_argument("--simulate", type=int, default=0, metavar="SEEDS",
                     help="only the model-free replay of eviction over SEEDS traces per size (seconds)")
@@ -539,7 +541,7 @@ def _load() -> str:
 
 def _open_pool(model: str | None, args: argparse.Namespace) -> MemoryPool:
     n_ctx = max(args.sizes) + 1024
-    return MemoryPool(model, n_ctx=n_ctx, resident_agents=1, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    return MemoryPool(model, n_ctx=n_ctx, resident_agents=1, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
 
 
 def simulate_model(model: str | None, args: argparse.Namespace, out: Path) -> dict[str, Any]:

@@ -44,7 +44,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._report import load, md_table, sections  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, md_table, sections  # noqa: E402
 from benchmarks._serving import free_port, stream_chat  # noqa: E402
 
 WORDS = ("river stone lantern market orchard signal harbor ledger garden copper thunder meadow "
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gemma-3-270m", help="GGUF path or bundled model (gemma-3-270m)")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads of the machine, split among replicas (2)")
+    add_gpu_layers(ap)
     ap.add_argument("--archive-url", default=None, help="a PostgreSQL URL (default: a throwaway local server)")
     ap.add_argument("--agents", type=int, default=4, help="migrate: agents (4)")
     ap.add_argument("--history", type=int, default=1500, help="migrate/bytes: history tokens per agent (1500)")

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._report import load, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, table  # noqa: E402
 from benchmarks._serving import CallResult, ServerProc, free_port, pct, stream_chat  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--kill-streams", type=int, default=16, help="clients that close after the first chunk")
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--archive", type=Path, default=None, help="SQLite archive (default: a temporary file)")
     ap.add_argument("--pool-option", action="append", default=[])

@@ -64,7 +64,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._report import load, make_pool, mib, ms, run_meta, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, make_pool, mib, ms, run_meta, table  # noqa: E402
 from benchmarks._report import sections as parse_sections  # noqa: E402
 
 logger = logging.getLogger("benchmarks.sharing")
@@ -646,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="N <= 5, one repetition, no handoff/parked-team rows (~4 min)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of every pool (same for all variants)")
+    add_gpu_layers(ap)
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled Gemma 3 270M)")
     ap.add_argument("--doc-tokens", type=int, default=2000, help="tokens of the shared document")
     ap.add_argument("--private-tokens", type=int, default=200, help="private prompt tokens per agent (memory section)")

@@ -45,11 +45,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._report import load, md_table, run_meta  # noqa: E402
+import agentmem  # noqa: E402,F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
+from benchmarks._report import add_gpu_layers, load, md_table, run_meta  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 logger = logging.getLogger("benchmarks.soak")
 
@@ -404,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="tiny, tiny-gemma3, a GGUF path, or the bundled Gemma 3 270M (default)")
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (n_threads)")
+    add_gpu_layers(ap)
     ap.add_argument("--workers", type=int, default=8, help="harness threads calling the pool")
     ap.add_argument("--agents", type=int, default=20)
     ap.add_argument("--resident", type=int, default=2, help="resident_agents (live sequences)")

@@ -68,7 +68,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._report import load, make_pool, mib, ms, run_meta, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, make_pool, mib, ms, run_meta, table  # noqa: E402
 from benchmarks._report import sections as parse_sections  # noqa: E402
 
 logger = logging.getLogger("benchmarks.tiers")
@@ -992,6 +992,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="shorter histories and schedules (~6 min)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of every pool (same for all variants)")
+    add_gpu_layers(ap)
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled Gemma 3 270M)")
     ap.add_argument("--resident", type=int, default=4, help="live sequences in the mixed workload")
     ap.add_argument(

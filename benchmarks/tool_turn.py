@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._report import load, ms, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, ms, table  # noqa: E402
 from benchmarks._serving import ServerProc, free_port  # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--logdir", type=Path, default=Path("/tmp"))
     ap.add_argument("--json", type=Path, default=None, help="also write the raw calls here")

@@ -42,7 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._llama_build import find_or_build  # noqa: E402
-from benchmarks._report import load, md_table, table  # noqa: E402
+from benchmarks._report import add_gpu_layers, load, md_table, table  # noqa: E402
 from benchmarks._serving import ServerProc, free_port  # noqa: E402
 from benchmarks._vs_workloads import Pair, Server, run_brief, run_budget, run_restart, run_switch  # noqa: E402
 
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    add_gpu_layers(ap)
     ap.add_argument("--only", default="brief,budget,switch", help="workloads: brief, budget (with restart), switch")
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     ap.add_argument("--switch-agents", type=int, default=4)

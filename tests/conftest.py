@@ -30,6 +30,7 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(_REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(_REPO_ROOT))
 
+import agentmem  # noqa: E402,F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
 from tests.fixtures.archives import arc, archive_target, backend  # noqa: E402,F401 - the archive contract fixtures
 from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,F401 - a real PostgreSQL server
 from tests.fixtures.model_pools import tiny_model_pools, model_team  # noqa: E402,F401 - a fake ModelPool, tiny pools

@@ -16,6 +16,7 @@ from typing import Any
 from agentmem.archive.core import ArchiveCore
 from agentmem.archive.records import BlobLike, Lease, StateInfo, StoredState
 from agentmem.archive.values import (
+    PORTABLE_FINGERPRINT_KEYS,
     _as_buffer,
     _check_agent_id,
     _check_count,
@@ -174,7 +175,8 @@ class StatesMixin(ArchiveCore):
 
         Args:
             agent_id: the agent's id.
-            fingerprint: when given, the stored fingerprint must equal it.
+            fingerprint: when given, the stored fingerprint must equal it (but for
+                `PORTABLE_FINGERPRINT_KEYS`: a state made on CUDA restores on the CPU).
 
         Raises:
             CodecError: the blob is truncated, fails its checksum, or SQLite
@@ -226,7 +228,11 @@ class StatesMixin(ArchiveCore):
         want = _normalise_fingerprint(expected)
         if stored == want:
             return
-        keys = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))
+        # the backend describes where a state was made, not where it may go
+        keys = sorted(k for k in set(stored) | set(want)
+                      if stored.get(k) != want.get(k) and k not in PORTABLE_FINGERPRINT_KEYS)
+        if not keys:
+            return
         detail = ", ".join(f"{k}: stored {stored.get(k)!r} != current {want.get(k)!r}" for k in keys[:6])
         raise FingerprintMismatch(f"{self.path}: state of agent {agent_id!r} belongs to another config ({detail})")
 

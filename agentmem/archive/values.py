@@ -18,7 +18,7 @@ import numpy as np
 from agentmem.archive.records import BlobLike
 from agentmem.errors import ConfigError
 
-__all__ = ["SPAN_COLUMNS", "checksum"]
+__all__ = ["PORTABLE_FINGERPRINT_KEYS", "SPAN_COLUMNS", "checksum"]
 
 _CHECKSUM_ALGO = "sha256"  # SHA-NI makes it ~2x faster than blake2b on x86
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER / PostgreSQL bigint holds
@@ -61,6 +61,11 @@ def _as_buffer(blob: BlobLike) -> bytes | bytearray | memoryview:
 def _json_dumps(value: Any) -> str:
     """Canonical JSON: sorted keys, no spaces, non-ASCII kept as is."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+PORTABLE_FINGERPRINT_KEYS = frozenset({"backend"})
+"""Fingerprint keys that describe a stored state but need not match to restore it: `backend`
+(`CPU`, `CUDA`...), since a blob's bytes are the same on every backend (`agentmem.engine.offload`)."""
 
 
 def _normalise_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

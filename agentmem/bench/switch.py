@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from agentmem.engine import offload
+from agentmem.engine.offload import check_gpu_layers
+
 logger = logging.getLogger(__name__)
 
 
@@ -191,7 +194,7 @@ def llama_variant(wl: Workload, *, use_cache: bool) -> dict[str, Any]:
     from llama_cpp import Llama, LlamaRAMCache
 
     llm = Llama(wl.path, n_ctx=wl.n_ctx, n_batch=512, verbose=False, seed=0, n_threads=wl.n_threads,
-                n_threads_batch=wl.n_threads)
+                n_threads_batch=wl.n_threads, n_gpu_layers=offload.default_gpu_layers())
     if use_cache:
         llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
 
@@ -262,6 +265,7 @@ def _machine(load_before: tuple[float, float, float], n_threads: int) -> dict[st
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "n_threads": n_threads,
+        "n_gpu_layers": offload.default_gpu_layers(),
     }
 
 
@@ -300,10 +304,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU threads for every variant (0 = AGENTMEM_THREADS or cores less the load)"
     )
+    parser.add_argument(
+        "--n-gpu-layers", type=int, default=None, metavar="N",
+        help="layers offloaded by every variant (-1 = all, 0 = CPU; default AGENTMEM_N_GPU_LAYERS, else 0)",
+    )
 
 
 def run_args(args: argparse.Namespace) -> int:
     """Run the benchmark with parsed options (see `add_arguments`); returns the exit status."""
+    if args.n_gpu_layers is not None:  # every pool of the run reads it (PoolConfig(n_gpu_layers=None))
+        os.environ[offload.ENV_VAR] = str(check_gpu_layers(args.n_gpu_layers, name="--n-gpu-layers"))
     run(
         n_agents=args.agents,
         history_tokens=args.history_tokens,

@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the depe
     ) from exc
 
 from agentmem.engine import llama_log  # after the gate: it imports llama_cpp too
+from agentmem.engine.native_first import check_load_order
 
 __all__ = ["KVType", "LlamaModel", "ensure_backend", "llama_build_info"]
 
@@ -63,6 +64,12 @@ class LlamaModel:
         path: the `.gguf` file.
         n_gpu_layers: layers to offload when llama.cpp was built with CUDA/Metal
             (`-1` = all, `0` = CPU only).
+
+    Raises:
+        ModelNotFoundError: no file at `path`.
+        ModelError: llama.cpp refused the file.
+        ImportOrderError: numpy was imported before agentmem and, on this GPU build, a load
+            in that order crashes (`agentmem.engine.native_first`).
         use_mmap: map the file instead of reading it.
 
     Example:
@@ -76,6 +83,7 @@ class LlamaModel:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelNotFoundError(f"model file not found: {self.path}")
+        check_load_order(self.path, n_gpu_layers=n_gpu_layers)  # ImportOrderError, not a segfault
         ensure_backend()
         params = _ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers

@@ -27,6 +27,8 @@ Needs AutoGen: `pip install 'agentmem-kv[autogen]'`.
 
 from __future__ import annotations
 
+import agentmem  # noqa: F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
+
 import logging
 
 try:

@@ -32,6 +32,8 @@ Installed by the `langchain` extra: `pip install 'agentmem-kv[langchain]'`.
 
 from __future__ import annotations
 
+import agentmem  # noqa: F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
+
 try:
     import langchain_core  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by a test with langchain_core hidden

@@ -27,6 +27,8 @@ Needs the Agent Framework: `pip install 'agentmem-kv[maf]'`.
 
 from __future__ import annotations
 
+import agentmem  # noqa: F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
+
 import logging
 from typing import Any, Iterable
 
