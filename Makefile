@@ -4,7 +4,7 @@
 #               .venv-crewai: scripts/install_crewai.sh), run the test suite
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
 # 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
-# ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" make demo
+# ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" make demo
 # For Metal (macOS): CMAKE_ARGS="-DGGML_METAL=on" make demo
 
 PYTHON ?= python3

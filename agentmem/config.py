@@ -12,18 +12,55 @@ agentmem.errors.ConfigError: resident_agents must be >= 1, got 0
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
 from agentmem import validation as check
-from agentmem.engine.offload import check_gpu_layers, default_gpu_layers
 from agentmem.errors import ConfigError
 
-__all__ = ["KV_LAYOUTS", "KVLayout", "PoolConfig", "check_tenants"]
+__all__ = ["GPU_LAYERS_ENV", "KV_LAYOUTS", "KVLayout", "PoolConfig", "check_tenants", "default_gpu_layers"]
+
+GPU_LAYERS_ENV = "AGENTMEM_N_GPU_LAYERS"
+"""Environment variable that sets `n_gpu_layers` when a config leaves it `None` (as
+`AGENTMEM_THREADS` sets `n_threads` when it is 0)."""
 
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 KVLayout = Literal["auto", "unified", "per_sequence"]
 KV_LAYOUTS: tuple[str, ...] = ("auto", "unified", "per_sequence")
+
+
+def default_gpu_layers() -> int:
+    """`n_gpu_layers` for a config that left it `None`: `AGENTMEM_N_GPU_LAYERS`, else `0`.
+
+    `-1` offloads every layer, `0` none. On a CPU-only build of llama-cpp-python any value
+    runs on the CPU (llama.cpp offloads nothing it has no device for); see docs/gpu.md.
+
+    Raises:
+        ConfigError: the variable is set but is not an integer >= -1.
+
+    >>> import os; os.environ["AGENTMEM_N_GPU_LAYERS"] = "-1"
+    >>> default_gpu_layers()
+    -1
+    >>> del os.environ["AGENTMEM_N_GPU_LAYERS"]; default_gpu_layers()
+    0
+    """
+    raw = os.environ.get(GPU_LAYERS_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        n = int(raw)
+    except ValueError:
+        n = None
+    return _check_gpu_layers(n, GPU_LAYERS_ENV, shown=raw)
+
+
+def _check_gpu_layers(value: object, name: str, *, shown: object = None) -> int:
+    """`value` when it is a layer count (an int >= -1), else `ConfigError` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigError(f"{name} must be an integer >= -1 (-1 = every layer, 0 = CPU only), "
+                          f"got {shown if shown is not None else value!r}")
+    return value
 
 
 def check_tenants(prefixes: Iterable[str], *, field: str = "tenants") -> tuple[str, ...]:
@@ -66,7 +103,7 @@ class PoolConfig:
         n_threads: CPU threads of llama.cpp (`0` = `AGENTMEM_THREADS`, else the physical
             cores less the machine's load; see `agentmem.engine.threads.default_threads`).
         n_gpu_layers: layers offloaded on CUDA/Metal builds (`-1` = all, `0` = CPU only;
-            `None` = `AGENTMEM_N_GPU_LAYERS`, else `0`; see `agentmem.engine.offload`).
+            `None` = `AGENTMEM_N_GPU_LAYERS`, else `0`: `default_gpu_layers`).
             Resolved to an int when the config is built.
         flash_attn: enable flash attention (required for a quantized V cache).
         type_k: element type of the live K cache (`f16`, `q8_0`, `q4_0` ...).
@@ -203,7 +240,7 @@ class PoolConfig:
             raise ConfigError(f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.agent_capacity > self.n_ctx:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
-        gpu = default_gpu_layers() if self.n_gpu_layers is None else check_gpu_layers(self.n_gpu_layers)
+        gpu = default_gpu_layers() if self.n_gpu_layers is None else _check_gpu_layers(self.n_gpu_layers, "n_gpu_layers")
         object.__setattr__(self, "n_gpu_layers", gpu)  # frozen: store the resolved count
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 

@@ -47,7 +47,7 @@ def make_pool(cfg: dict[str, Any], **options: Any) -> Any:
     return MemoryPool(cfg.get("model"), n_threads=cfg["threads"], **options)
 
 
-GPU_LAYERS_ENV = "AGENTMEM_N_GPU_LAYERS"  # read by PoolConfig(n_gpu_layers=None): agentmem.engine.offload
+GPU_LAYERS_ENV = "AGENTMEM_N_GPU_LAYERS"  # read by PoolConfig(n_gpu_layers=None): agentmem.config
 
 
 class _GpuLayers(argparse.Action):

@@ -15,6 +15,7 @@ llama.cpp client) pays on every switch, at that measured rate. TTFT is shown too
 it is mostly the decode of the new turn, which every setup pays.
 
     python examples/team_demo.py [--model qwen2.5-coder-0.5b-instruct] [--rounds 2] [--max-tokens 32] [--threads N]
+    python examples/team_demo.py --n-gpu-layers -1    # every layer on the GPU (a CUDA/Metal build; docs/gpu.md)
 """
 
 from __future__ import annotations
@@ -87,13 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply at most (bounds the run time)")
     ap.add_argument("--park-codec", default="f16", help="f16, q8_0, q4_0 or q8_0/q4_0")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = AGENTMEM_THREADS or cores less the load)")
+    ap.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
+                    help="layers offloaded on a CUDA/Metal build (-1 = all, 0 = CPU; default AGENTMEM_N_GPU_LAYERS, else 0)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     t_start = time.perf_counter()
     with MemoryPool(args.model, n_ctx=8192, resident_agents=args.resident, park_codec=args.park_codec,
-                    n_threads=args.threads) as pool:
+                    n_threads=args.threads, n_gpu_layers=args.n_gpu_layers) as pool:
         print(f"loaded {pool.model_path.name} in {time.perf_counter() - t_start:.1f}s — {len(AGENTS)} agents, "
               f"{args.resident} live sequences, parked states as {args.park_codec}\n")
         histories = {a: [{"role": "system", "content": f"{system} The team's task: {TASK} {BRIEF}"}]

@@ -13,6 +13,9 @@ Fixtures:
     tiny_model_pools, model_team: two tiny-model pools and a fake ``ModelPool`` over them
         (``tests/fixtures/model_pools.py``).
 
+The GPU lane: ``pytest -m gpu`` runs the pool, codec, tier, sharing, eviction and server
+tests with every layer offloaded, skipped without a GPU (``tests/fixtures/gpu_lane.py``).
+
 All are built once per session into a pytest temporary directory, in milliseconds.
 """
 
@@ -35,9 +38,11 @@ from tests.fixtures.archives import arc, archive_target, backend  # noqa: E402,F
 from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,F401 - a real PostgreSQL server
 from tests.fixtures.model_pools import tiny_model_pools, model_team  # noqa: E402,F401 - a fake ModelPool, tiny pools
 from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
+from tests.fixtures import gpu_lane  # noqa: E402
 
 _MARKERS: dict[str, str] = {
     "integration": "needs the real bundled models (gemma-3-270m, qwen2.5-coder-0.5b-instruct); slow",
+    "gpu": gpu_lane.MARKER.split(": ", 1)[1],
 }
 
 
@@ -56,6 +61,17 @@ def _forced_kv_layout(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         import agentmem.pool.opening as opening
 
         monkeypatch.setattr(opening, "choose_kv_layout", lambda cfg: forced if cfg.kv_layout == "auto" else cfg.kv_layout)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU lane (`pytest -m gpu`, `tests/fixtures/gpu_lane.py`): marked by file, skipped without a GPU."""
+    gpu_lane.mark_lane(config, items)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_lane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the GPU lane, a `gpu` test offloads every layer (`AGENTMEM_N_GPU_LAYERS=-1`)."""
+    gpu_lane.offload_all(request, monkeypatch)
 
 
 @pytest.fixture

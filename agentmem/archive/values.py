@@ -65,7 +65,8 @@ def _json_dumps(value: Any) -> str:
 
 PORTABLE_FINGERPRINT_KEYS = frozenset({"backend"})
 """Fingerprint keys that describe a stored state but need not match to restore it: `backend`
-(`CPU`, `CUDA`...), since a blob's bytes are the same on every backend (`agentmem.engine.offload`)."""
+(`CPU`, `CUDA`...), since a blob's bytes are the same on every backend
+(`agentmem.engine.native_first.backend_name` says why)."""
 
 
 def _normalise_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from agentmem.engine import offload
-from agentmem.engine.offload import check_gpu_layers
+from agentmem.config import GPU_LAYERS_ENV, default_gpu_layers
+from agentmem.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def llama_variant(wl: Workload, *, use_cache: bool) -> dict[str, Any]:
     from llama_cpp import Llama, LlamaRAMCache
 
     llm = Llama(wl.path, n_ctx=wl.n_ctx, n_batch=512, verbose=False, seed=0, n_threads=wl.n_threads,
-                n_threads_batch=wl.n_threads, n_gpu_layers=offload.default_gpu_layers())
+                n_threads_batch=wl.n_threads, n_gpu_layers=default_gpu_layers())
     if use_cache:
         llm.set_cache(LlamaRAMCache(capacity_bytes=4 << 30))
 
@@ -265,7 +265,7 @@ def _machine(load_before: tuple[float, float, float], n_threads: int) -> dict[st
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "n_threads": n_threads,
-        "n_gpu_layers": offload.default_gpu_layers(),
+        "n_gpu_layers": default_gpu_layers(),
     }
 
 
@@ -313,7 +313,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace) -> int:
     """Run the benchmark with parsed options (see `add_arguments`); returns the exit status."""
     if args.n_gpu_layers is not None:  # every pool of the run reads it (PoolConfig(n_gpu_layers=None))
-        os.environ[offload.ENV_VAR] = str(check_gpu_layers(args.n_gpu_layers, name="--n-gpu-layers"))
+        if args.n_gpu_layers < -1:
+            raise ConfigError(f"--n-gpu-layers must be >= -1 (-1 = every layer), got {args.n_gpu_layers}")
+        os.environ[GPU_LAYERS_ENV] = str(args.n_gpu_layers)
     run(
         n_agents=args.agents,
         history_tokens=args.history_tokens,

@@ -1,10 +1,9 @@
 """The engine: the only code that touches llama.cpp (model, context, sampling, chat format).
 
 * `native_first` loads llama.cpp's native libraries before numpy (the first thing
-  `import agentmem` does: a CUDA build crashes otherwise) and guards a model load in a
-  process that imported numpy first (`check_load_order`, `ImportOrderError`).
-* `offload` reads `AGENTMEM_N_GPU_LAYERS` and names the backend a model runs on
-  (`backend_name`, part of a state's fingerprint).
+  `import agentmem` does: a CUDA build crashes otherwise), guards a model load in a
+  process that imported numpy first (`check_load_order`, `ImportOrderError`), and names
+  the backend a model runs on (`backend_name`, part of a state's fingerprint).
 * `llama_model` owns the loaded model: `LlamaModel` (weights, vocabulary, chat template,
   tokenization that keeps message text apart from control tokens).
 * `context` owns one context: `LlamaContext` (sequences, batched decode, state get/set)

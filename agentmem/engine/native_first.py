@@ -1,4 +1,4 @@
-"""llama.cpp's native libraries, loaded before numpy: the first thing `import agentmem` does.
+"""llama.cpp's native libraries, loaded before numpy (the first thing `import agentmem` does), and their backends.
 
 Why (issue #31): on a CUDA build of llama-cpp-python 0.3.36 (one NVIDIA H200, CUDA 13.0,
 Python 3.12, numpy 2.5 with scipy-openblas), a process that imports numpy *before*
@@ -53,7 +53,7 @@ from pathlib import Path
 
 from agentmem.errors import ConfigError, ImportOrderError
 
-__all__ = ["ORDER", "ImportOrder", "PROBE_ENV", "check_load_order", "gpu_backends"]
+__all__ = ["ORDER", "ImportOrder", "PROBE_ENV", "backend_name", "backends_in", "check_load_order", "gpu_backends"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,18 +110,48 @@ def gpu_backends() -> tuple[str, ...]:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return ()
+    return backends_in([Path(f) / "lib" for f in spec.submodule_search_locations]
+                       + [Path(f) for f in spec.submodule_search_locations])
+
+
+def backends_in(folders: list[Path]) -> tuple[str, ...]:
+    """The GPU backends whose ggml libraries (`libggml-cuda.so`, `ggml-vulkan.dll`...) lie in `folders`."""
     found: list[str] = []
-    for folder in spec.submodule_search_locations:
-        for d in (Path(folder) / "lib", Path(folder)):
-            try:
-                names = [p.name.lower() for p in d.iterdir()]
-            except OSError:
-                continue
-            for name in names:
-                stem = name.removeprefix("lib").split(".")[0]
-                if stem.startswith("ggml-") and stem[5:] in _GPU_LIBS and _GPU_LIBS[stem[5:]] not in found:
-                    found.append(_GPU_LIBS[stem[5:]])
-    return tuple(found)
+    for d in folders:
+        try:
+            names = [p.name.lower() for p in d.iterdir()]
+        except OSError:
+            continue
+        for name in names:
+            stem = name.removeprefix("lib").split(".")[0]
+            backend = _GPU_LIBS.get(stem[5:]) if stem.startswith("ggml-") else None
+            if backend and backend not in found:
+                found.append(backend)
+    return tuple(sorted(found))
+
+
+def backend_name(n_gpu_layers: int) -> str:
+    """Where a model loaded with `n_gpu_layers` runs: `"CPU"`, or the build's GPU backends (`"CUDA"`).
+
+    The layers offloaded, and with llama.cpp's default `offload_kqv` their KV cache, live
+    there. A state's fingerprint carries it (`agentmem.pool.opening`) so a stored state says
+    where it was computed, but a restore does not require it to match
+    (`agentmem.archive.values.PORTABLE_FINGERPRINT_KEYS`): a state blob holds the cache's K/V
+    rows in the cache's element type (`type_k`/`type_v`, both in the fingerprint) and its cells'
+    positions, copied by `ggml_backend_tensor_get`/`_set`, which move a tensor's bytes unchanged
+    whatever device holds it; the V layout (`v_trans`) follows `flash_attn`, also in the
+    fingerprint. So a state saved on a CUDA build restores byte for byte on a CPU build and back:
+    the conversion is the identity. What differs between backends is the arithmetic that
+    produced the rows (float rounding in the kernels), as it does between thread counts.
+
+    Call it after a model is loaded: it asks llama.cpp whether it can offload, which on a GPU
+    build initialises the GPU runtime (see `check_load_order`).
+    """
+    import llama_cpp
+
+    if n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload():
+        return "CPU"
+    return "+".join(gpu_backends()) or "GPU"
 
 
 _PROBE = r"""

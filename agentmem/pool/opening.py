@@ -16,7 +16,7 @@ from agentmem.archive import Archive, ArchiveBase, open_archive
 from agentmem.config import PoolConfig
 from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
-from agentmem.engine.offload import backend_name
+from agentmem.engine.native_first import backend_name
 from agentmem.memory.parking import make_park_codec
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
@@ -113,7 +113,7 @@ def _open_context(model: LlamaModel, cfg: PoolConfig, *, unified: bool) -> Llama
 def _fingerprint(model_path: Path, cfg: PoolConfig, *, unified: bool) -> dict[str, Any]:
     """What a stored state must match to be loaded into this context (model, KV types, layout, llama.cpp build),
     and the backend it was computed on (`CPU`, `CUDA`...), which need not match: the blob's bytes are the same on
-    every backend (`agentmem.engine.offload`)."""
+    every backend (`agentmem.engine.native_first.backend_name`)."""
     return {
         "backend": backend_name(cfg.n_gpu_layers),
         "model": model_fingerprint(model_path),

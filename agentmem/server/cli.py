@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--resident", type=int, default=4, metavar="N", help="agents with a live sequence at once (4)")
     model.add_argument("--n-ctx", type=int, default=8192, help="KV cells of the shared context (8192)")
     model.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = automatic)")
+    model.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
+                       help="layers offloaded on a CUDA/Metal build (-1 = all, 0 = CPU; "
+                            "default AGENTMEM_N_GPU_LAYERS, else 0; see docs/gpu.md)")
     model.add_argument("--park-codec", default=None, help="codec of parked states in RAM (f16, q8_0, q4_0, q8_0/q4_0)")
     model.add_argument("--pool-option", action="append", default=[], metavar="KEY=VALUE",
                        help="any PoolConfig field, the value as JSON (repeatable): --pool-option warm_budget_bytes=536870912")
@@ -127,6 +130,8 @@ def _pool_config(args: argparse.Namespace, model: str | None, **over: Any) -> An
         options["archive_url"] = args.archive_url
     if args.park_codec:
         options["park_codec"] = args.park_codec
+    if args.n_gpu_layers is not None:
+        options["n_gpu_layers"] = args.n_gpu_layers
     options.update(_pool_options(args.pool_option))
     options.update(over)
     return PoolConfig.build(**options)

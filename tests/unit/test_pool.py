@@ -38,7 +38,7 @@ def test_public_api_is_pinned():
     assert sorted(agentmem.__all__) == sorted(
         [
             "AgentMemError", "ArchiveError", "ChatResult", "ChatStream", "CodecError", "ConfigError",
-            "ContextOverflowError", "EngineError", "FingerprintMismatch", "MemoryPool", "MessageError",
+            "ContextOverflowError", "EngineError", "FingerprintMismatch", "ImportOrderError", "MemoryPool", "MessageError",
             "ModelError", "ModelNotFoundError", "ModelPool", "ModelSpec", "PolicyError", "PoolConfig", "StateError", "Timings",
             "UnknownAgentError", "Usage", "__version__", "resolve_model_path",
         ]
