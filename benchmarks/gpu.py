@@ -156,7 +156,9 @@ def switch(args: argparse.Namespace, opts: dict[str, Any], codec: str, clock: Co
     log = LlamaLog()
     n_ctx = args.tokens * 2 + 512
     with log.capturing():
-        pool = MemoryPool(args.model, n_ctx=n_ctx, resident_agents=1, park_codec=codec, prefetch=False, **opts)
+        # min_share_tokens=0: the fresh agents of the baseline must not copy their twins' prefix
+        pool = MemoryPool(args.model, n_ctx=n_ctx, resident_agents=1, park_codec=codec, prefetch=False,
+                          min_share_tokens=0, **opts)
     with pool:
         hist = {f"agent{i}": history(pool, i, args.tokens) for i in range(args.agents)}
         for a, m in hist.items():  # warm-up: each agent prefilled once

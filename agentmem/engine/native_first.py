@@ -190,7 +190,9 @@ def _probe_command(path: Path, n_gpu_layers: int, mode: str, modules: tuple[str,
 def _run_probe(path: Path, n_gpu_layers: int, mode: str, modules: tuple[str, ...]) -> str:
     cmd = _probe_command(path, n_gpu_layers, mode, modules)
     try:
-        cp = subprocess.run(cmd, capture_output=True, timeout=300, env=dict(os.environ))
+        # the probe imports what this process imports: its sys.path, not only the inherited PYTHONPATH
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cp = subprocess.run(cmd, capture_output=True, timeout=300, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.warning("import-order probe did not finish (%s); loading anyway", exc)
         return "inconclusive"
