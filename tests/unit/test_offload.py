@@ -107,3 +107,17 @@ def test_the_gpu_lane_offloads_every_layer(request: pytest.FixtureRequest, tiny_
         r = p.chat("a", conv("hello"), max_tokens=4)
     assert r.usage.completion_tokens > 0
     assert backend == ("+".join(gpu_backends()) if llama_cpp.llama_supports_gpu_offload() else "CPU")
+
+
+def test_benchmark_flag_exports_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--n-gpu-layers` on a benchmark reaches every pool of the run and every server it starts (the environment)."""
+    from benchmarks._report import add_gpu_layers, gpu_layers
+
+    monkeypatch.setenv(GPU_LAYERS_ENV, "0")  # restored after the test
+    ap = argparse.ArgumentParser()
+    add_gpu_layers(ap)
+    assert ap.parse_args([]).n_gpu_layers is None and gpu_layers() == 0
+    assert ap.parse_args(["--n-gpu-layers", "-1"]).n_gpu_layers == -1
+    assert gpu_layers() == -1 and PoolConfig().n_gpu_layers == -1
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--n-gpu-layers", "-2"])
