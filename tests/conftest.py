@@ -68,12 +68,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_lane.mark_lane(config, items)
 
 
-@pytest.fixture(autouse=True)
-def _gpu_lane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In the GPU lane, a `gpu` test offloads every layer (`AGENTMEM_N_GPU_LAYERS=-1`)."""
-    gpu_lane.offload_all(request, monkeypatch)
-
-
 @pytest.fixture
 def unified_kv_only(request: pytest.FixtureRequest) -> None:
     """Skip under `--kv-layout per_sequence`: shared KV blocks, linked restores and cells tagged
@@ -84,11 +78,12 @@ def unified_kv_only(request: pytest.FixtureRequest) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the project's markers unless pyproject.toml already declares them."""
+    """Register the project's markers unless pyproject.toml already declares them; switch the GPU lane on."""
     declared = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
     for name, description in _MARKERS.items():
         if name not in declared:
             config.addinivalue_line("markers", f"{name}: {description}")
+    gpu_lane.offload_all(config)  # the GPU lane (`pytest -m gpu`): every layer offloaded, the whole session
 
 
 @pytest.fixture(scope="session")
