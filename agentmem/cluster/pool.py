@@ -14,14 +14,14 @@ import logging
 from typing import Any, Callable
 
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 
 __all__ = ["ClusterPool"]
 
 logger = logging.getLogger(__name__)
 
 
-class ClusterPool(MemoryPool):
+class ClusterPool(ModelEngine):
     """A `MemoryPool` for one replica of a cluster (same constructor; an archive is required).
 
     Unlike a lone pool it does not register every archived agent when it opens:

@@ -33,7 +33,7 @@ from agentmem.config import PoolConfig
 from agentmem.errors import ModelBudgetError, PoolClosedError
 from agentmem.models.policy import SlotView, UnloadPolicy
 from agentmem.models.specs import ModelSpec, footprint
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 
 __all__ = ["ModelSlot", "ModelTier"]
 
@@ -50,7 +50,7 @@ class ModelSlot:
     config: PoolConfig
     model_path: Path
     state: str = "unloaded"  # unloaded | loading | loaded | unloading
-    pool: MemoryPool | None = None
+    pool: ModelEngine | None = None
     uses: int = 0
     weights_bytes: int = 0
     ctx_bytes: int = 0  # known once loaded
@@ -89,7 +89,7 @@ class ModelTier:
     def __init__(self, slots: dict[str, ModelSlot], *, ram_budget_bytes: int, vram_budget_bytes: int,
                  policy: UnloadPolicy, next_step: Callable[[str], int | None],
                  on_load: Callable[[ModelSlot], None], wait_s: float,
-                 open_pool: Callable[[PoolConfig], Any] = lambda cfg: MemoryPool(config=cfg)) -> None:
+                 open_pool: Callable[[PoolConfig], Any] = lambda cfg: ModelEngine(config=cfg)) -> None:
         self.slots, self.policy, self.next_step, self.on_load = slots, policy, next_step, on_load
         self.open_pool = open_pool
         self.ram_budget, self.vram_budget, self.wait_s = ram_budget_bytes, vram_budget_bytes, wait_s
@@ -100,7 +100,7 @@ class ModelTier:
             self._check_fits_alone(slot)
 
     # ------------------------------------------------------------------ use
-    def acquire(self, name: str, *, prefetch: bool = False) -> MemoryPool:
+    def acquire(self, name: str, *, prefetch: bool = False) -> ModelEngine:
         """`name`'s pool, loaded, counted in use until `release(name)`."""
         slot = self.slots[name]
         deadline = time.monotonic() + self.wait_s
@@ -126,7 +126,7 @@ class ModelTier:
                         f"{self.vram_budget} and the models that could make room stayed in use for {self.wait_s} s")
         return self._load(slot, victims, prefetch)
 
-    def try_acquire(self, name: str) -> MemoryPool | None:
+    def try_acquire(self, name: str) -> ModelEngine | None:
         """`name`'s pool if it is loaded now, counted in use until `release(name)`; `None` (nothing held) otherwise.
 
         Never loads: for reading a model's state without moving the budget (a listing).
@@ -151,7 +151,7 @@ class ModelTier:
             return [n for n, s in self.slots.items() if s.state == "loaded"]
 
     # ------------------------------------------------------------------ load / unload
-    def _load(self, slot: ModelSlot, victims: list[ModelSlot], prefetch: bool) -> MemoryPool:
+    def _load(self, slot: ModelSlot, victims: list[ModelSlot], prefetch: bool) -> ModelEngine:
         """Unload `victims`, then open `slot`'s pool (both marked by `acquire`); one use of it taken."""
         try:
             for v in victims:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from agentmem import validation as check
 from agentmem.errors import ConfigError, UnknownAgentError
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 from agentmem.server.identity import authorize
 from agentmem.server.metrics import note_model
 
 if TYPE_CHECKING:
-    from agentmem.models import ModelPool
+    from agentmem.models import MemoryPool
     from agentmem.server.queue import AgentQueue
     from agentmem.server.quotas import Quotas
     from agentmem.server.registry import Models
@@ -42,14 +42,14 @@ class AgentOps:
     queue: AgentQueue
     quotas: Quotas
     replica: Any
-    team: ModelPool | None
+    team: MemoryPool | None
     _pool: Callable[[], MemoryPool]
     """The one model's pool (`Engine._pool`)."""
     _owned: Callable[[str], Any]
     """The agent's lease in cluster mode, else `None` (`Engine._owned`)."""
 
     @contextlib.asynccontextmanager
-    async def _on(self, agent_id: str) -> AsyncIterator[MemoryPool]:
+    async def _on(self, agent_id: str) -> AsyncIterator[ModelEngine]:
         """The pool that holds `agent_id`, for the block (its model held loaded, with several models)."""
         if not self.models.many:
             yield self._pool()
@@ -61,7 +61,7 @@ class AgentOps:
         finally:
             seat.release()
 
-    async def _known(self, pool: MemoryPool, agent_id: str) -> None:
+    async def _known(self, pool: ModelEngine, agent_id: str) -> None:
         """404 unless `pool` knows `agent_id`: actions other than a call never create agents."""
         if not await self.queue.call(pool.has_agent, agent_id):
             raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)

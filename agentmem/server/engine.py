@@ -23,8 +23,8 @@ from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, ModelMismatchError
-from agentmem.models import ModelLease, ModelPool
-from agentmem.pool import ChatResult, MemoryPool
+from agentmem.models import MemoryPool, ModelLease
+from agentmem.pool import ChatResult
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
 from agentmem.server.auth import Principal
@@ -105,8 +105,8 @@ class Engine(AgentOps):
     """Runs calls and agent operations for the routes.
 
     Args:
-        pool: an open `MemoryPool`, a `PoolConfig` to open at `start`, or an open
-            `ModelPool` (several models: a request's `model` picks one; `registry.ManyModels`).
+        pool: an open `MemoryPool` (of one model, or of several: a request's `model` picks
+            one; `registry.ManyModels`), or a `PoolConfig` to open at `start`.
         settings: the server settings.
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
         replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
@@ -115,21 +115,21 @@ class Engine(AgentOps):
             pool's `PoolConfig.tenants`: no KV is shared across them.
     """
 
-    def __init__(self, pool: MemoryPool | PoolConfig | ModelPool, settings: ServerSettings, *,
+    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *,
                  own_pool: bool | None = None, replica: Any = None, tenants: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.replica = replica
-        self.team: ModelPool | None = pool if isinstance(pool, ModelPool) else None
+        self._config = pool if isinstance(pool, PoolConfig) else None
+        opened = None if self._config is not None else pool
+        many = opened is not None and len(opened.names) > 1
+        self.team: MemoryPool | None = opened if many else None  # several models: `registry.ManyModels`
+        self.pool: MemoryPool | None = None if many else opened  # one model (or its config): `registry.OneModel`
         if self.team is not None and replica is not None:
             raise ConfigError("cluster mode (--archive-url) serves one model")
-        self._config = pool if isinstance(pool, PoolConfig) else None
-        self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
         if self._config is not None and tenants:
             self._config = self._config.replace(tenants=tuple(dict.fromkeys(self._config.tenants + tenants)))
-        elif self.pool is not None and tenants:
-            self.pool.add_tenants(tenants)
-        elif self.team is not None and tenants:
-            self.team.add_tenants(tenants)
+        elif opened is not None and tenants:
+            opened.add_tenants(tenants)
         self.quotas = Quotas(settings)
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)

@@ -1,7 +1,7 @@
 """Which models `agentmem serve` serves: `--model` (repeatable) and `--models-dir` → `ServedModels`.
 
 One model (one `--model`, or a `--models-dir` holding one GGUF) is served as always, by
-one `MemoryPool`. Several are a `ModelPool` under one memory budget (`--ram-budget`):
+one `MemoryPool`. Several are a `MemoryPool` of several models under one memory budget (`--ram-budget`):
 
 ```bash
 agentmem serve --model gemma-3-270m --model qwen2.5-coder-0.5b-instruct --ram-budget 800000000 \\
@@ -108,7 +108,7 @@ class ServedModels:
 
     def open(self, tenants: Sequence[str] = ()) -> Any:
         """The `ModelPool` (the default model loaded, so a missing or broken model fails at start)."""
-        from agentmem.models import ModelPool
+        from agentmem import MemoryPool
 
         config = self.config.replace(tenants=tuple(dict.fromkeys(self.config.tenants + tuple(tenants))))
         return ModelPool(self.models, ram_budget_bytes=self.ram_budget_bytes, vram_budget_bytes=self.vram_budget_bytes,

@@ -32,9 +32,9 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol
 from agentmem.archive import open_archive
 from agentmem.errors import UnknownAgentError
 from agentmem.memory.shared import SHARE_PREFIX
-from agentmem.models import ModelLease, ModelPool
+from agentmem.models import MemoryPool, ModelLease
 from agentmem.models.seats import alease
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 from agentmem.pool.lines import Line
 from agentmem.pool.tenants import TenantUsage
 
@@ -65,8 +65,9 @@ class Target:
         return self.seat.name
 
     @property
-    def pool(self) -> MemoryPool:
-        return self.seat.pool
+    def pool(self) -> ModelEngine:
+        """The engine of the agent's model, held by the seat."""
+        return self.seat.pool  # type: ignore[no-any-return]
 
     @property
     def kind(self) -> str:
@@ -133,7 +134,9 @@ class OneModel:
         return None
 
     def _lease(self, agent_id: str | None = None) -> ModelLease:
-        return ModelLease(name=self._name(), pool=self._pool(), agent_id=agent_id)
+        lease = self._pool().lease(agent_id)  # the pool of one's engine, always loaded: taken at once
+        lease.name = self._name()
+        return lease
 
     async def seat(self, agent_id: str, model: str | None) -> ModelLease:
         return self._lease(agent_id)
@@ -168,7 +171,7 @@ class ManyModels:
 
     many = True
 
-    def __init__(self, team: ModelPool, call: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(self, team: MemoryPool, call: Callable[..., Awaitable[Any]]) -> None:
         self.team, self._call = team, call
         self._archived: dict[str, tuple[tuple[int, int], list[Any]]] = {}  # model -> (its load counts, rows)
 

@@ -27,8 +27,8 @@ from autogen_core.tools import Tool, ToolSchema
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
-from agentmem import ChatResult, ConfigError, MemoryPool, ModelPool, PoolConfig
-from agentmem.models import ModelLease, Pools
+from agentmem import ChatResult, ConfigError, MemoryPool, PoolConfig
+from agentmem.models import ModelLease
 from agentmem.models.seats import aseat, hold_pools, model_for, seat
 from agentmem.tools import release
 
@@ -133,20 +133,20 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     JSON: `json_output=True` constrains the reply to a JSON object,
     `json_output=SomeModel` to the pydantic model's schema.
 
-    Several models: `pool=` an `agentmem.ModelPool` runs each call on its agent's model
+    Several models: `pool=` a `MemoryPool` of several models runs each call on its agent's model
     (`model=` binds a new agent to one, else the pool's default), held loaded — never
     unloaded by the budget — until the reply is done or the stream is closed:
     ```python
-    team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+    team = MemoryPool(models={"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
     planner = AgentMemChatCompletionClient(team, agent_id="planner", model="planner")
     coder = AgentMemChatCompletionClient(team, agent_id="coder", model="coder")
     ```
 
     Args:
-        pool: the shared pool, or a `ModelPool`. `None`: the open pool of `pool_config` in this
+        pool: the shared pool, or a `MemoryPool` of several models. `None`: the open pool of `pool_config` in this
             process, loaded once if none is open (the clients that loaded it close it).
         agent_id: the agent whose KV this client uses; `None` = the calling AutoGen agent.
-        model: with a `ModelPool`, the model a new agent is bound to (`None`: the pool's
+        model: with a `MemoryPool` of several models, the model a new agent is bound to (`None`: the pool's
             default); a bound agent keeps its own, and naming another raises `ModelMismatchError`.
         pool_config: configuration of the pool to use when `pool` is `None`
             (a `agentmem.PoolConfig` or a dict of its fields).
@@ -182,7 +182,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     def __init__(
         self,
-        pool: MemoryPool | ModelPool | None = None,
+        pool: MemoryPool | None = None,
         *,
         agent_id: str | None = None,
         model: str | None = None,
@@ -223,13 +223,13 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ properties
     @property
-    def pool(self) -> Pools:
-        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
+    def pool(self) -> MemoryPool:
+        """The `agentmem.MemoryPool` this object works on (the shared one, or the one given)."""
         return self._pool
 
     @property
     def model(self) -> str | None:
-        """The `ModelPool` model a new agent of this client is bound to (`None`: the default)."""
+        """The model a new agent of this client is bound to (`None`: the default)."""
         return self._model
 
     @property
@@ -247,9 +247,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ component
     def _to_config(self) -> AgentMemChatCompletionClientConfig:
-        if isinstance(self._pool, ModelPool):
-            raise ConfigError("pool: a client over a ModelPool cannot be dumped as a component "
-                              "(the ModelPool is the application's; build the client in code)")
+        if len(self._pool.names) > 1:
+            raise ConfigError("pool: a client over a pool of several models cannot be dumped as a component "
+                              "(the pool is the application's; build the client in code)")
         return AgentMemChatCompletionClientConfig(
             agent_id=self._agent_id,
             pool=self._pool.config.to_dict(),
@@ -295,7 +295,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         return max(0, capacity - used)
 
     def _count(self, messages: Sequence[LLMMessage], tools: Sequence[Tool | ToolSchema]) -> tuple[int, int]:
-        """`(prompt tokens, agent capacity)` on the agent's model (a `ModelPool`'s is loaded for it; nothing is bound)."""
+        """`(prompt tokens, agent capacity)` on the agent's model (a `MemoryPool` of several models's is loaded for it; nothing is bound)."""
         agent = self._resolve_agent_id()
         with seat(self._pool, None, model=model_for(self._pool, agent, self._model)) as lease:
             pool = lease.pool
@@ -329,7 +329,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             ValueError: bad messages, tools, `tool_choice`, `json_output` or create args.
             asyncio.CancelledError: `cancellation_token` was cancelled (generation stops).
             agentmem.ContextOverflowError: the prompt does not fit the agent's capacity.
-            agentmem.ModelMismatchError: on a `ModelPool`, the agent is bound to another model than `model`.
+            agentmem.ModelMismatchError: on a `MemoryPool` of several models, the agent is bound to another model than `model`.
         """
         sampling = self._sampling(extra_create_args)
         agent = self._resolve_agent_id()
@@ -363,7 +363,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         """Like `create`, yielding text pieces as they are generated and the `CreateResult` last.
 
         A reply that is a tool call yields no text pieces (its calls are in the result).
-        On a `ModelPool` the model stays held until the stream ends or is closed.
+        On a `MemoryPool` of several models the model stays held until the stream ends or is closed.
         """
         sampling = self._sampling(extra_create_args)
         agent = self._resolve_agent_id()
@@ -450,7 +450,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         """`execute` on `pool` (the seat's), counting the call's tokens before its result is yielded.
 
         Hints for the pool (see `agentmem_autogen._hints`): a selection call expects its
-        candidates, then its answer (told to this client's pool, a `ModelPool` too); a
+        candidates, then its answer (told to this client's pool, a `MemoryPool` of several models too); a
         reply that is a tool call holds the agent on its model's pool.
         """
         candidates = candidate_names(plan.messages) if self._speaker_selection else []
@@ -478,12 +478,12 @@ def _open_pool(config: PoolConfig) -> MemoryPool:
 
 
 def clients_for(
-    pool: MemoryPool | ModelPool, agent_ids: Iterable[str], **options: Any
+    pool: MemoryPool, agent_ids: Iterable[str], **options: Any
 ) -> dict[str, AgentMemChatCompletionClient]:
     """One client per agent over one pool: `{agent_id: client}`.
 
     Args:
-        pool: the shared pool (a `ModelPool` too: pass `model=` to bind them all to one model).
+        pool: the shared pool (a `MemoryPool` of several models too: pass `model=` to bind them all to one model).
         agent_ids: distinct ids (give a `SelectorGroupChat`'s selector one of its own).
         **options: keyword arguments for every client (`max_tokens`, `temperature`,
             `create_args`, ...).

@@ -73,7 +73,7 @@ def test_construction_checks_the_model(model_team: FakeModelPool, tiny_model_poo
 
 # ---------------------------------------------------------------------- AgentMemContextProvider over a ModelPool
 def _pinned(pool: MemoryPool, agent_id: str) -> bool:
-    led = pool._core.agent(agent_id).ledger
+    led = pool.engine()._core.agent(agent_id).ledger
     return bool(led.pinned[: len(led)].any())
 
 
