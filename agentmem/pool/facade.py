@@ -283,6 +283,7 @@ class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods):
             yield item
 
     # ------------------------------------------------------------------ agents
+    @in_use
     def stats(self) -> dict[str, Any]:
         """Where every agent's KV lives and what the pool did.
 
@@ -305,12 +306,14 @@ class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods):
         with self._core.lock:
             return list(self._core.agents)
 
+    @in_use
     def count_tokens(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
     ) -> int:
         """Prompt tokens the messages (and `tools`, as `chat` shows them) render to, chat template included."""
         return len(self.renderer.render(check.message_list(messages), tools=tools))
 
+    @property
     def tool_format(self) -> ToolFormat:
         """The model's tool-call syntax (`agentmem.tools.formats`); integrations parse, force, stream with it."""
         return self.renderer.tool_format

@@ -46,6 +46,7 @@ class AgentMethods:
     storage_fault: str | None
     _check_open: Callable[[], None]  # the engine's method
 
+    @in_use
     def forget(self, agent_id: str) -> None:
         """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
         self._check_open()
@@ -57,6 +58,7 @@ class AgentMethods:
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
+    @in_use
     def park(self, agent_id: str, tier: str = "warm") -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
         self._check_open()
@@ -114,6 +116,7 @@ class AgentMethods:
                 )
             return led.set_pinned(message_index, pinned)
 
+    @in_use
     def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
         """Declare a shared prefix (team brief, task, document); returns its token count.
 
@@ -135,6 +138,7 @@ class AgentMethods:
                 self._turns.run(agent_id, prefix, SamplingParams(max_tokens=0), n_messages=n)).drain(),
         )
 
+    @in_use
     def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
         """Start `dst`'s context as `src`'s (its first `upto` history tokens), without recompute.
 
@@ -152,6 +156,7 @@ class AgentMethods:
         with self._core.lock:
             return self._sharing.handoff(src, dst, upto)
 
+    @in_use
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
         """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
         check.agent_id(agent_id, internal=True)
@@ -177,6 +182,7 @@ class AgentMethods:
         with self._core.lock:
             return self._core.agent(agent_id).ledger.tokens.tolist()
 
+    @in_use
     def checkpoint(self) -> None:
         """Write every agent's ledger and state to the archive (hot ones stay hot).
 
@@ -189,6 +195,7 @@ class AgentMethods:
         if failed:
             raise (ArchiveFullError if self.storage_fault else ArchiveError)(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
 
+    @in_use
     def commit(self, agent_id: str) -> bool:
         """Write `agent_id`'s ledger and state to the archive now; it stays where it is.
 

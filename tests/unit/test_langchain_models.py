@@ -27,6 +27,7 @@ def test_each_agent_runs_on_its_models_pool_and_keeps_its_kv(
         model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     planner = ChatAgentMem(pool=model_team, agent_id="lc-plan", model="small", max_tokens=6)
     coder = ChatAgentMem(pool=model_team, agent_id="lc-code", model="big", max_tokens=6)
+    model_team.fake_tier.log.clear()  # each profile read its loaded model's capacity under a lease
     first = [planner.invoke("Plan a page."), coder.invoke("Write a function.")]
     again = [planner.invoke("Plan a page. Then?"), coder.invoke("Write a function. Then?")]
     assert [m.response_metadata["model_name"] for m in first + again] == ["small", "big", "small", "big"]
