@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from agentmem.errors import CallCancelledError, ModelMismatchError
+from agentmem.errors import CallCancelledError, ConfigError, ModelMismatchError
 from agentmem.models.lease import ModelLease
 from agentmem.models.pool import MemoryPool
 from agentmem.tools.recall import recall_spans, words
@@ -41,25 +41,34 @@ Call = Callable[..., Awaitable[Any]]
 """Runs a blocking function in a worker thread (`asyncio.to_thread`, a server's `AgentQueue.call`)."""
 
 
-def check_model(pools: MemoryPool, model: str | None) -> str | None:
+def check_model(pools: MemoryPool | None, model: str | None) -> str | None:
     """`model` checked against `pools` (`None` stays `None`: the agent's model, else the default).
 
     Raises:
+        ConfigError: `model` given without a pool (a shared pool, opened later, holds one model).
         UnknownModelError: the pool holds no model of that name.
     """
+    if model is None:
+        return None
+    if pools is None:
+        raise ConfigError(f"model: {model!r} names a model of the pool given as pool=; pass "
+                          "pool=MemoryPool(models=...) (a shared pool of pool_config holds one model)")
     return pools.check_model(model)
 
 
 def hold_pools(pool: Any, pool_config: Any, factory: PoolFactory, *, model: str | None = None) -> tuple[MemoryPool, bool]:
     """`agentmem.tools.hold_pool` for an integration client: the application's `MemoryPool`, or a shared one.
 
-    `model` is checked against the pool held (a shared one is released again when it fails). Returns `(pool, owned)`.
+    `model` is checked first (without `pool`, a `model` is refused before a shared pool opens), then
+    against the pool held. Returns `(pool, owned)`.
 
     Raises:
-        UnknownModelError: see `check_model`.
+        ConfigError / UnknownModelError: see `check_model`.
         ValueError: both `pool` and `pool_config`.
         TypeError: `pool` is not a `MemoryPool`.
     """
+    if pool is None:
+        check_model(None, model)  # before a shared pool is opened
     held, owned = hold_pool(pool, pool_config, factory, pool_type=MemoryPool)
     try:
         check_model(held, model)

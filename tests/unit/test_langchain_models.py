@@ -86,8 +86,8 @@ def test_another_model_for_a_bound_agent_raises_the_typed_error(model_team: Fake
 def test_model_is_checked_at_construction(model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     with pytest.raises(UnknownModelError):
         ChatAgentMem(pool=model_team, model="huge")
-    with pytest.raises(ValidationError, match="names a model of a ModelPool"):
-        ChatAgentMem(pool=tiny_model_pools["small"], model="small")
+    with pytest.raises(UnknownModelError):  # a pool of one holds its model only
+        ChatAgentMem(pool=FakeModelPool({"small": tiny_model_pools["small"]}), model="big")
 
 
 def test_profile_and_token_counts_use_the_agents_model(model_team: FakeModelPool) -> None:

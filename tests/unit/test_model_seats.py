@@ -111,15 +111,10 @@ def test_check_model_and_hold_pools_accept_a_model_pool_only_with_its_names(team
         check_model(team, "c")
     with pytest.raises(UnknownModelError, match="model: no model 'b'"):
         check_model(FakeModelPool({"a": Recorder("a")}), "b")
-    opened: list[FakeModelPool] = []
-
-    def shared(cfg: Any) -> FakeModelPool:
-        opened.append(FakeModelPool({"a": Recorder("a")}))
-        return opened[-1]
-
-    with pytest.raises(UnknownModelError):  # a shared pool without that model is released again
-        hold_pools(None, {"n_ctx": 256}, shared, model="b")
-    assert len(opened) == 1 and opened[0].closed
+    with pytest.raises(ConfigError, match="model: 'b' names a model of the pool given as pool="):
+        check_model(None, "b")
+    with pytest.raises(ConfigError, match="model"):  # checked before a shared pool is opened
+        hold_pools(None, {"n_ctx": 256}, lambda cfg: pytest.fail("opened a pool"), model="b")
     assert hold_pools(team, None, lambda cfg: None, model="a") == (team, False)
     with pytest.raises(ValueError, match="either"):
         hold_pools(team, {"n_ctx": 256}, lambda cfg: None)
