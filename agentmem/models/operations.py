@@ -18,6 +18,7 @@ from agentmem.archive import EvictedSpan
 from agentmem.errors import ModelMismatchError, UnknownAgentError
 from agentmem.memory.shared import HandoffCard
 from agentmem.models.hinting import HintRouting
+from agentmem.models.listing import ArchivedAgents
 from agentmem.pool.lines import Line
 from agentmem.pool.tenants import TenantScope, TenantUsage
 from agentmem.tools.formats import ToolFormat
@@ -44,6 +45,7 @@ class AgentOperations(HintRouting):
     each_loaded: Callable[[], Iterator[ModelLease]]
     model_of: Callable[[str], str | None]
     config_of: Callable[..., PoolConfig]
+    _archived: ArchivedAgents
 
     def _agent_lease(self, agent_id: str) -> ModelLease:
         """A lease on the model `agent_id` is bound to (no call counted).
@@ -195,12 +197,43 @@ class AgentOperations(HintRouting):
                            "policy": self.tier.policy.name},
                 "workflow": self.workflow.stats()}
 
+    def agent_stats(self, agent_id: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each agent's entry of `ModelEngine.stats()["agents"]` with its `model`, over every model.
+
+        A loaded model's from its engine, an unloaded one's from its archive file (tier `cold`;
+        the counters the archive does not keep are `None`): nothing is loaded for this. With
+        `agent_id`: the entries of that agent's model only (`{}`: bound to no model).
+        """
+        names = self.names if agent_id is None else [n for n in [self.model_of(agent_id)] if n is not None]
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            lease = self.lease_if_loaded(name)
+            if lease is None:
+                entries = self._archived.entries(self.tier.slots[name])
+            else:
+                with lease:
+                    entries = {k: {**v, "model": name} for k, v in lease.pool.stats()["agents"].items()}
+            for k, v in entries.items():
+                out.setdefault(k, v)
+        return out
+
     def tenant_usage(self, prefix: str) -> TenantUsage:
-        """The agents under `prefix` and their parked bytes, over the loaded models."""
+        """The agents under `prefix` and the bytes of their parked states, over every model.
+
+        An unloaded model's from its archive file (nothing is loaded for this). A binding alone
+        is not an agent: a new agent's first call binds it before a quota is checked.
+        """
         agents: set[str] = set()
         parked = 0
-        for lease in self.each_loaded():
-            usage = lease.pool.tenant_usage(prefix)
+        for name in self.names:
+            lease = self.lease_if_loaded(name)
+            if lease is None:
+                ids, stored = self._archived.usage(self.tier.slots[name], prefix)
+                agents |= ids
+                parked += stored
+                continue
+            with lease:
+                usage = lease.pool.tenant_usage(prefix)
             agents |= usage.agents
             parked += usage.parked_bytes
         return TenantUsage(frozenset(agents), parked)

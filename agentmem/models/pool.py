@@ -32,6 +32,7 @@ agentmem.errors.ModelMismatchError: model: agent 'plan' is bound to model 'plann
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -49,6 +50,7 @@ from agentmem.model import resolve_model_path
 from agentmem.models import policy as _policy
 from agentmem.models.bindings import Bindings
 from agentmem.models.lease import ModelLease
+from agentmem.models.listing import ArchivedAgents
 from agentmem.models.operations import AgentOperations
 from agentmem.models.specs import ModelSpec, specs_of
 from agentmem.models.tier import ModelSlot, ModelTier
@@ -161,6 +163,7 @@ class MemoryPool(AgentOperations):
         self.bindings = Bindings(slots, default or next(iter(slots)))
         self.bindings.check_model(self.bindings.default)
         self.workflow = Workflow()
+        self._archived = ArchivedAgents()  # what unloaded models hold, for listings that load nothing
         self.prefetch_models = prefetch_models
         self._prefetching: set[str] = set()
         for name, slot in slots.items():
@@ -249,7 +252,8 @@ class MemoryPool(AgentOperations):
         self._check_open()
         name = (self.bindings.route(agent_id, model) if agent_id is not None
                 else self.bindings.check_model(self.default if model is None else model))
-        return ModelLease(name=name, pool=self.tier.acquire(name), agent_id=agent_id, end=self._end_lease)
+        return ModelLease(name=name, pool=self.tier.acquire(name), agent_id=agent_id,
+                          end=functools.partial(self._end_lease, name))
 
     def lease_if_loaded(self, model: str | None = None, *, agent_id: str | None = None) -> ModelLease | None:
         """`lease(agent_id, model=model)` if that model is loaded now (never loads it; `None`: not loaded).
@@ -261,7 +265,8 @@ class MemoryPool(AgentOperations):
         name = (self.bindings.route(agent_id, model) if agent_id is not None
                 else self.bindings.check_model(self.default if model is None else model))
         engine = self.tier.try_acquire(name)
-        return None if engine is None else ModelLease(name=name, pool=engine, agent_id=agent_id, end=self._end_lease)
+        return None if engine is None else ModelLease(name=name, pool=engine, agent_id=agent_id,
+                                                      end=functools.partial(self._end_lease, name))
 
     def each_loaded(self) -> Iterator[ModelLease]:
         """A lease on each model loaded now, held while the loop body runs (nothing is loaded for this)."""
@@ -271,8 +276,9 @@ class MemoryPool(AgentOperations):
                 with lease:
                     yield lease
 
-    def _end_lease(self, lease: ModelLease) -> None:
-        self.tier.release(lease.name)
+    def _end_lease(self, name: str, lease: ModelLease) -> None:
+        """A lease on `name` ended (its `name` may since show another, as a server names its one model)."""
+        self.tier.release(name)
         if lease.agent_id is not None:
             self._after_call(lease.agent_id)
 

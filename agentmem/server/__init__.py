@@ -10,7 +10,7 @@ A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
 `calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
-`registry.py` chooses a request's model and holds it loaded for the call (`OneModel`, `ManyModels`, `Target`).
+`registry.py` chooses a request's model and holds it loaded for the call (`Models`, `Target`).
 `engine.py` is the one object the routes call: the models, the queue, the metrics.
 `agent_ops.py` holds the agent operations of the engine (list, park, forget, handoff, ...), on the agent's model.
 `responses.py` builds OpenAI response bodies and SSE events.

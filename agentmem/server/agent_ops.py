@@ -50,10 +50,7 @@ class AgentOps:
 
     @contextlib.asynccontextmanager
     async def _on(self, agent_id: str) -> AsyncIterator[ModelEngine]:
-        """The pool that holds `agent_id`, for the block (its model held loaded, with several models)."""
-        if not self.models.many:
-            yield self._pool()
-            return
+        """The engine of `agent_id`'s model, held loaded for the block (404 for an agent no model holds)."""
         seat = await self.models.agent_seat(agent_id)
         note_model(seat.name)
         try:
@@ -73,8 +70,7 @@ class AgentOps:
 
     async def list_agents(self, principal: Principal) -> list[dict[str, Any]]:
         """The agents `principal` may see (declared shares only for admin keys)."""
-        if not self.models.many:
-            self._pool()
+        self._pool()
         entries = await self.queue.call(self.models.entries)
         return [self._info(k, v) for k, v in sorted(entries.items())
                 if principal.allows(k) and (principal.admin or not v.get("share"))]
@@ -82,8 +78,7 @@ class AgentOps:
     async def show_agent(self, principal: Principal, agent_id: str) -> dict[str, Any]:
         """One agent's entry (403 out of scope, 404 unknown)."""
         authorize(principal, agent_id)
-        if not self.models.many:
-            self._pool()
+        self._pool()
         raw = (await self.queue.call(self.models.entries, agent_id)).get(agent_id)
         if raw is None:
             raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
@@ -175,14 +170,10 @@ class AgentOps:
     async def checkpoint(self, principal: Principal) -> None:
         if not principal.admin:
             raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
-        if self.team is not None:
-            if not self.team.durable:
-                raise ConfigError("checkpoint needs a server started with --archive")
-            await self.queue.call(self.models.checkpoint)  # type: ignore[attr-defined]
-            return
         pool = self._pool()
-        if pool.config.archive_path is None and not getattr(pool.config, "archive_url", None):
-            raise ConfigError("checkpoint needs a server started with --archive or --archive-url")
+        if not pool.durable:
+            raise ConfigError("checkpoint needs a server started with --archive" +
+                              ("" if self.models.many else " or --archive-url"))
         await self.queue.call(pool.checkpoint)
 
 

@@ -167,7 +167,7 @@ def create_app(
         pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless `own_pool`), a
             `PoolConfig` the app opens at startup and closes at shutdown (with `archive_path`,
             the close checkpoints every agent and the next start resumes them), or an open
-            `ModelPool`: several models, a request's `model` picks one (`registry.ManyModels`).
+            `MemoryPool` of several models: a request's `model` picks one (`registry.Models`).
         settings: server settings (defaults: `ServerSettings()`).
         keys: API keys (default: none, an open server).
         own_pool: close a given pool at shutdown too.

@@ -33,7 +33,7 @@ from agentmem.server.http_errors import ApiError
 from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import CallLease, Quotas
-from agentmem.server.registry import ManyModels, Models, OneModel, Target
+from agentmem.server.registry import Models, Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
@@ -106,7 +106,7 @@ class Engine(AgentOps):
 
     Args:
         pool: an open `MemoryPool` (of one model, or of several: a request's `model` picks
-            one; `registry.ManyModels`), or a `PoolConfig` to open at `start`.
+            one; `registry.Models`), or a `PoolConfig` to open at `start`.
         settings: the server settings.
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
         replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
@@ -122,8 +122,8 @@ class Engine(AgentOps):
         self._config = pool if isinstance(pool, PoolConfig) else None
         opened = None if self._config is not None else pool
         many = opened is not None and len(opened.names) > 1
-        self.team: MemoryPool | None = opened if many else None  # several models: `registry.ManyModels`
-        self.pool: MemoryPool | None = None if many else opened  # one model (or its config): `registry.OneModel`
+        self.team: MemoryPool | None = opened if many else None  # several models
+        self.pool: MemoryPool | None = None if many else opened  # one model (or its config, opened at start)
         if self.team is not None and replica is not None:
             raise ConfigError("cluster mode (--archive-url) serves one model")
         if self._config is not None and tenants:
@@ -135,8 +135,7 @@ class Engine(AgentOps):
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
         self._runners: dict[str, CallRunner] = {}
-        self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
-                               else OneModel(self._pool, lambda: self.model_name))
+        self.models = Models(self._pool, self.queue.call, many=many, name=lambda: self.model_name)
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
@@ -173,9 +172,8 @@ class Engine(AgentOps):
     @property
     def storage_fault(self) -> str | None:
         """Why an archive refuses writes (`None`: every archive takes them); see `/health`."""
-        if isinstance(self.models, ManyModels):
-            return self.models.storage_fault()
-        return self.pool.storage_fault if self.pool is not None else None
+        pool = self.team if self.team is not None else self.pool
+        return None if pool is None or pool.closed else pool.storage_fault
 
     async def start(self) -> None:
         """Open the pool (when given a config); an archive resumes its agents."""
@@ -195,9 +193,11 @@ class Engine(AgentOps):
             await asyncio.to_thread(self.replica.close)
 
     def _pool(self) -> MemoryPool:
-        if self.pool is None or self.pool.closed:
+        """The open pool, of one model or of several (a 503 `ApiError` while none is)."""
+        pool = self.team if self.team is not None else self.pool
+        if pool is None or pool.closed:
             raise ApiError(503, "the model is not loaded", code="unavailable")
-        return self.pool
+        return pool
 
     def _stats_or_none(self) -> dict[str, Any] | None:
         pool = self.pool
@@ -207,7 +207,7 @@ class Engine(AgentOps):
 
     def _model_series(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """Several models: `(ModelPool.models(), {model: MemoryPool.stats()} of the loaded ones)` for `/metrics`."""
-        assert self.team is not None and isinstance(self.models, ManyModels)
+        assert self.team is not None
         return self.team.models(), self.models.stats()
 
     def admit(self, principal: Principal) -> Lease:
