@@ -41,8 +41,8 @@ class ClusterPool(ModelEngine):
             self.close()
             raise ConfigError("a cluster replica needs a shared archive (archive_url)")
 
-    def close(self) -> None:
-        """Store the agents this replica may still write (see the class docstring), then close."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Store the agents this replica may still write (see the class docstring), then close (`ModelEngine.close`)."""
         core = self._core
         if not self.closed and core.fence is not None:
             with core.lock:
@@ -54,7 +54,7 @@ class ClusterPool(ModelEngine):
                     except ArchiveError as exc:  # LeaseLostError, or the archive is unreachable
                         logger.debug("agent %r not stored at close: %s", a.id, exc)
                         self._mover.discard(a)
-        super().close()
+        super().close(timeout_s)
 
     @property
     def archive(self) -> Any:

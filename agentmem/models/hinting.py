@@ -53,7 +53,7 @@ class HintRouting:
         self._check_open()
         self.workflow.expect(check_expected(agent_ids, soon=soon, scope=scope))
         for name in self.tier.loaded():
-            self._apply_hints(name, soon=soon, scope=scope)
+            self._apply_hints(name, soon=soon, scope=scope, empty=True)  # an empty order clears the scope's
         self._prefetch()
 
     def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
@@ -85,10 +85,11 @@ class HintRouting:
     def _next_step(self, model: str) -> int | None:
         return self.workflow.next_step(lambda a: self.model_of(a) == model)
 
-    def _apply_hints(self, name: str, *, soon: bool = True, scope: str | None = None) -> None:
+    def _apply_hints(self, name: str, *, soon: bool = True, scope: str | None = None, empty: bool = False) -> None:
+        """Give model `name`'s engine its agents' part of the expected order (`empty`: even when it has none)."""
         order = self.workflow.order(lambda a: self.model_of(a) == name)
         engine = self.tier.slots[name].pool
-        if engine is not None and not engine.closed and order:
+        if engine is not None and not engine.closed and (order or empty):
             engine.expect(order, soon=soon, scope=scope)
 
     def _on_load(self, slot: ModelSlot) -> None:

@@ -229,7 +229,11 @@ class ModelTier:
         return True
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Refuse new uses, wait (up to `timeout_s`) for loads and unloads under way, close every pool."""
+        """Refuse new uses, wait (up to `timeout_s`) for loads and unloads under way, close every engine.
+
+        Each engine's `close` gets what is left of `timeout_s` for its calls in flight
+        (`0`: it does not wait; the last call out frees the native handles).
+        """
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.closed = True
@@ -245,7 +249,7 @@ class ModelTier:
                 if s.pool is not None:
                     s.pool, s.state = None, "unloaded"
         for pool in pools:
-            pool.close()  # writes its agents to its archive
+            pool.close(timeout_s=max(0.0, deadline - time.monotonic()))  # writes its agents to its archive
 
     # ------------------------------------------------------------------ the budget
     def _cost(self, slot: ModelSlot) -> tuple[int, int]:

@@ -52,6 +52,7 @@ import json, sys, threading, time
 from agentmem import MemoryPool
 model, close_timeout = sys.argv[1], float(sys.argv[2])
 pool = MemoryPool(model, n_ctx=512, resident_agents=1, n_threads=1, prefetch=False)
+engine = pool.engine()  # its native handles, read after close
 huge = [{"role": "user", "content": "word " * 400000}]
 out = {}
 def call(name, fn):
@@ -70,7 +71,7 @@ pool.close() if close_timeout == 30.0 else pool.close(timeout_s=close_timeout)  
 out["close_s"] = time.perf_counter() - t0
 for t in threads:
     t.join(60)
-out["model_freed"] = pool.engine().model._closed
+out["model_freed"] = engine.model._closed
 try:
     pool.chat("a", [{"role": "user", "content": "hi"}], max_tokens=1)
 except Exception as exc:

@@ -153,8 +153,9 @@ class PoolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None and not self.hung:
+            engine = None if pool.closed else pool.engine()
             self._step(pool.close)
-            t = pool.engine()._prefetcher._thread
+            t = None if engine is None else engine._prefetcher._thread
             assert t is None or not t.is_alive(), "the prefetch worker outlived close()"
         for p in _TMP.glob(self.db.name + "*"):
             p.unlink(missing_ok=True)
