@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from agentmem.errors import CallCancelledError, ConfigError, ModelMismatchError

@@ -1,7 +1,7 @@
 """The weights tier: which models are loaded, under one memory budget with the parked KV.
 
 A `ModelSlot` is one model: unloaded (its agents' KV in its archive file), loading,
-loaded (a `MemoryPool`: weights mmap'd, a llama.cpp context, parked KV in RAM) or
+loaded (a `ModelEngine`: weights mmap'd, a llama.cpp context, parked KV in RAM) or
 unloading. `ModelTier.acquire(name)` hands out a loaded model's pool for one call
 (loading it first when needed) and `release(name)` ends the use; a model in use is
 never unloaded.
@@ -13,7 +13,7 @@ instead; parked KV is always host RAM). A model that does not fit makes room by
 unloading idle models in the order of the unload policy (`agentmem.models.policy`).
 
 **Nothing is lost.** Unloading a model first writes every agent of it — live and
-parked — to its archive (`MemoryPool.checkpoint`), and only then closes the pool; a
+parked — to its archive (`ModelEngine.checkpoint`), and only then closes the engine; a
 failed write keeps the model loaded. When the model returns, its agents are restored
 from there (a state restore, not a re-prefill).
 
@@ -73,7 +73,7 @@ class ModelSlot:
 
 
 class ModelTier:
-    """Loads and unloads the models of a `ModelPool` within its budgets (see the module docstring).
+    """Loads and unloads the models of a `MemoryPool` within its budgets (see the module docstring).
 
     Args:
         slots: the models, by name.
@@ -83,7 +83,7 @@ class ModelTier:
         next_step: how many expected calls ahead a model is needed (`None`: not hinted).
         on_load: called with the slot after each load (the model pool re-applies hints).
         wait_s: how long an `acquire` waits for models in use to free the memory it needs.
-        open_pool: opens a model's pool from its config (`MemoryPool`; tests pass a fake).
+        open_pool: opens a model's engine from its config (`ModelEngine`; tests pass a fake).
     """
 
     def __init__(self, slots: dict[str, ModelSlot], *, ram_budget_bytes: int, vram_budget_bytes: int,

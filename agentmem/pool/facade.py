@@ -22,13 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import agentmem.validation as check
-from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
-from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
-from agentmem.policy.placement import priority_weight
+from agentmem.errors import ConfigError, PoolClosedError
 from agentmem.pool.hints import HintMethods
 from agentmem.pool.lifetime import Lifetime, free_pool, in_use
 from agentmem.pool.lines import LineMethods
@@ -36,7 +33,6 @@ from agentmem.pool.opening import open_core, wire
 from agentmem.pool.operations import AgentMethods
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
-from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
 from agentmem.pool.tenants import TenantMethods
 from agentmem.tools.canonical import watch_for

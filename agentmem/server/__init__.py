@@ -1,6 +1,6 @@
 """`agentmem serve`: an OpenAI-, Anthropic- and Ollama-compatible HTTP server where every agent keeps its KV memory.
 
-A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.cpp
+A thin adapter over one `MemoryPool`, of one model or several (llama.cpp
 `tools/server` keeps HTTP, the task queue and the model apart; so does this package):
 
 `settings.py` holds the typed, serializable server settings (`ServerSettings`).

@@ -1,7 +1,7 @@
 """`Engine`: the one object the routes call — the models, the queue, the metrics and the settings.
 
 Routes parse and answer HTTP; the engine runs calls and agent operations (`agent_ops`)
-on the `MemoryPool` of the request's model (`registry`: one pool, or a `ModelPool`'s),
+on the engine of the request's model in the server's `MemoryPool` (`registry`),
 always off the event loop (worker threads), and counts what happened. A call finds its
 `Target` (`seat` for a named agent, `find_line` otherwise), then is `prepare_*`
 (validation, tools/JSON protocol, prompt-size limit), then `run`:
@@ -206,7 +206,7 @@ class Engine(AgentOps):
         return pool.stats()
 
     def _model_series(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """Several models: `(ModelPool.models(), {model: MemoryPool.stats()} of the loaded ones)` for `/metrics`."""
+        """Several models: `(MemoryPool.models(), {model: ModelEngine.stats()} of the loaded ones)` for `/metrics`."""
         assert self.team is not None
         return self.team.models(), self.models.stats()
 

@@ -67,7 +67,7 @@ def models_of(models: Sequence[str] | None, models_dir: str | None) -> dict[str,
 
 @dataclass(frozen=True, kw_only=True)
 class ServedModels:
-    """Several models for `agentmem serve`: what `cli.build` makes of the flags, `open` gives the `ModelPool`.
+    """Several models for `agentmem serve`: what `cli.build` makes of the flags, `open` gives the `MemoryPool`.
 
     Attributes:
         models: `{name: bundled name or GGUF path}`, the default first.
@@ -107,10 +107,11 @@ class ServedModels:
         return self.archive_dir
 
     def open(self, tenants: Sequence[str] = ()) -> Any:
-        """The `ModelPool` (the default model loaded, so a missing or broken model fails at start)."""
+        """The `MemoryPool` of the models (the default one loaded, so a missing or broken model fails at start)."""
         from agentmem import MemoryPool
 
         config = self.config.replace(tenants=tuple(dict.fromkeys(self.config.tenants + tuple(tenants))))
-        return ModelPool(self.models, ram_budget_bytes=self.ram_budget_bytes, vram_budget_bytes=self.vram_budget_bytes,
-                         archive_dir=None if self.archive_dir is None else os.fspath(self.archive_dir), config=config,
-                         unload_policy=self.unload_policy, preload=self.preload or (self.default,))
+        return MemoryPool(models=self.models, ram_budget_bytes=self.ram_budget_bytes,
+                          vram_budget_bytes=self.vram_budget_bytes,
+                          archive_dir=None if self.archive_dir is None else os.fspath(self.archive_dir), config=config,
+                          unload_policy=self.unload_policy, preload=self.preload or (self.default,))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncGenerator, Iterable, Literal, Mapping, Optional, Sequence, Union
 
 from autogen_core import EVENT_LOGGER_NAME, CancellationToken, Component, MessageHandlerContext
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent
@@ -24,7 +24,7 @@ from autogen_core.models import (
     validate_model_info,
 )
 from autogen_core.tools import Tool, ToolSchema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from typing_extensions import Self
 
 from agentmem import ChatResult, ConfigError, MemoryPool, PoolConfig
@@ -32,6 +32,7 @@ from agentmem.models import ModelLease
 from agentmem.models.seats import aseat, hold_pools, model_for, seat
 from agentmem.tools import release
 
+from ._config import AgentMemChatCompletionClientConfig
 from ._execute import execute
 from ._memory import pin_facts
 from ._hints import hold_after_call, learn_runtime_id, runtime_agent_id, selection_done, selection_started
@@ -44,40 +45,6 @@ event_logger = logging.getLogger(EVENT_LOGGER_NAME)
 
 FALLBACK_AGENT_ID = "autogen"
 """The KV slot of a client without `agent_id` used outside an AutoGen runtime."""
-
-
-class AgentMemChatCompletionClientConfig(BaseModel):
-    """Serializable configuration of `AgentMemChatCompletionClient` (`dump_component`)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    agent_id: Optional[str] = None
-    """Whose KV this client uses in the pool. `None`: the AutoGen agent making the call
-    (its runtime `AgentId`), so one client can serve a whole team."""
-    pool: Dict[str, Any] = Field(default_factory=dict)
-    """The pool's `agentmem.PoolConfig` as a dict; an open pool with the same
-    configuration in this process is reused instead of loading the model again."""
-    max_tokens: int = 256
-    """Tokens to generate at most per call (`extra_create_args` may override)."""
-    temperature: float = 0.0
-    """Sampling temperature; `0` is greedy (deterministic)."""
-    create_args: Dict[str, Any] = Field(default_factory=dict)
-    """Default sampling options: `top_k`, `top_p`, `min_p`, `repeat_penalty`,
-    `repeat_last_n`, `seed`, `stop`, `grammar` (GBNF)."""
-    parallel_tool_calls: bool = False
-    """Let one reply call several tools (default: one call per reply, which keeps a
-    small model from looping)."""
-    force_tools: bool = False
-    """Treat `tool_choice="auto"` as `"required"` when a call offers tools: every such
-    reply is a grammar-valid tool call. For small models that rarely decide to call a
-    tool on their own (AgentChat's AssistantAgent has no `tool_choice` argument)."""
-    speaker_selection: bool = False
-    """For the client of a `SelectorGroupChat`: constrain a reply to one of the candidate
-    names its selection prompt lists (`select the next role from ['pm', 'engineer'] ...`,
-    the last such list in the prompt), so a small model always names a valid speaker;
-    the candidates, then the answer, are told to the pool as hints (`MemoryPool.expect`)."""
-    model_info: Optional[ModelInfo] = None
-    """Overrides `AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
 
 
 class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatCompletionClientConfig]):

@@ -15,7 +15,7 @@ pytest.importorskip("langchain_core")
 
 from langchain_core.messages import HumanMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
+
 
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.errors import ModelMismatchError, UnknownModelError  # noqa: E402

@@ -27,7 +27,7 @@ from agent_framework import Agent, Message, tool  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import agentmem_maf  # noqa: E402
-from agentmem import ChatResult, MemoryPool, PoolConfig  # noqa: E402
+from agentmem import ChatResult, PoolConfig  # noqa: E402
 from agentmem.pool.results import ChatStream, Timings, Usage  # noqa: E402
 from agentmem.tools import get_tool_format  # noqa: E402
 from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER  # noqa: E402

@@ -16,7 +16,7 @@ pytest.importorskip("agent_framework")
 
 from agent_framework import Agent, Message  # noqa: E402
 
-from agentmem import ConfigError, MemoryPool  # noqa: E402
+from agentmem import MemoryPool  # noqa: E402
 from agentmem.errors import ModelMismatchError, UnknownModelError  # noqa: E402
 from agentmem_maf import AgentMemChatClient, AgentMemContextProvider  # noqa: E402
 from tests.fixtures.model_pools import FakeModelPool, calls_on, released, where  # noqa: E402

@@ -22,7 +22,6 @@ from agentmem.errors import ConfigError, ModelMismatchError, UnknownModelError
 from agentmem.models import aseat, seat
 from agentmem.models.seats import alease, check_model, hold_pools, memory_seat, model_for, model_name
 from agentmem.tools import hold_pool
-from agentmem.tools import registry
 from agentmem.models.seats import recall_on
 from tests.fixtures.model_pools import FakeModelPool
 

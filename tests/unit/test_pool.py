@@ -43,6 +43,14 @@ def test_public_api_is_pinned():
             "UnknownAgentError", "Usage", "__version__", "resolve_model_path",
         ]
     )
+    # one pool (issue 32): `MemoryPool` is the models layer's, of one model or many; `ModelPool` stays as its
+    # deprecated subclass; each model is run by the pool layer's `ModelEngine`
+    assert agentmem.MemoryPool is agentmem.models.MemoryPool and issubclass(agentmem.ModelPool, agentmem.MemoryPool)
+    assert sorted(agentmem.pool.__all__) == ["ChatResult", "ChatStream", "HandoffCard", "ModelEngine", "Timings", "Usage"]
+    assert sorted(agentmem.models.__all__) == [
+        "CostUnload", "LruUnload", "MemoryPool", "ModelLease", "ModelPool", "ModelSpec", "Pools", "UnloadPolicy",
+        "aseat", "seat",
+    ]
 
 
 def test_config_round_trip_and_errors():
