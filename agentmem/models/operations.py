@@ -110,7 +110,7 @@ class AgentOperations(HintRouting):
 
     def has_agent(self, agent_id: str) -> bool:
         """Whether a loaded model knows `agent_id` (an unloaded model's agents: whether it is bound to one)."""
-        name = self.bindings.of(agent_id) or (self.default if len(self.names) == 1 else None)
+        name = self.model_of(agent_id)
         if name is None:
             return False
         lease = self.lease_if_loaded(name)

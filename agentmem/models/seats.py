@@ -118,7 +118,7 @@ def memory_seat(pools: MemoryPool, agent_id: str, *, model: str | None = None) -
     bound = pools.model_of(agent_id)
     if bound is None:
         return None
-    if model is not None and model != bound and len(pools.names) > 1:
+    if model is not None and model != bound:
         raise ModelMismatchError(
             f"model: agent {agent_id!r} is bound to model {bound!r}; its memory cannot be read on {model!r}",
             agent_id=agent_id, bound=bound, asked=model)

@@ -172,8 +172,7 @@ class AgentOps:
             raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
         pool = self._pool()
         if not pool.durable:
-            raise ConfigError("checkpoint needs a server started with --archive" +
-                              ("" if self.models.many else " or --archive-url"))
+            raise ConfigError("checkpoint needs a server started with --archive (or --archive-url)")
         await self.queue.call(pool.checkpoint)
 
 

@@ -346,8 +346,7 @@ class Engine(AgentOps):
         commit included); closing the iterator early stops generation at the next token and
         frees the agent.
         """
-        if not self.models.many:
-            self._pool()
+        self._pool()  # 503 once the pool is closed
         runner = self._runner(target.seat)
         self.processing += 1
         try:
