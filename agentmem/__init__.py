@@ -2,6 +2,9 @@
 
 Every agent keeps its KV state: live in a llama.cpp sequence, or parked in RAM,
 so switching agents costs a restore (milliseconds) instead of a re-prefill.
+`MemoryPool` is the one pool: of one model (`MemoryPool("gemma-3-270m")`) or of many
+(`MemoryPool(models={...}, ram_budget_bytes=...)`); `ModelPool` is its deprecated old name
+for the second form.
 
 >>> from agentmem import MemoryPool
 >>> pool = MemoryPool(resident_agents=2)                      # doctest: +SKIP
@@ -33,8 +36,8 @@ from agentmem.errors import (
     StateError,
     UnknownAgentError,
 )
-from agentmem.pool import ChatResult, ChatStream, MemoryPool, Timings, Usage
-from agentmem.models import ModelPool, ModelSpec
+from agentmem.pool import ChatResult, ChatStream, Timings, Usage
+from agentmem.models import MemoryPool, ModelPool, ModelSpec
 from agentmem.model import resolve_model_path
 
 __version__ = "0.1.0"

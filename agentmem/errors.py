@@ -112,7 +112,7 @@ class ChatTemplateError(ModelError):
 
 
 class UnknownModelError(ModelError, KeyError):
-    """A `ModelPool` was asked for a model name it does not hold; the message lists the names."""
+    """A `MemoryPool` was asked for a model name it does not hold; the message lists the names."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""

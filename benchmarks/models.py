@@ -1,4 +1,4 @@
-"""Two models, one memory budget: agentmem's ModelPool vs llama-server's router mode, one run.
+"""Two models, one memory budget: agentmem's MemoryPool of two models vs llama-server's router mode, one run.
 
 A team whose agents use two models — the bundled Gemma 3 270M (the planners) and
 Qwen2.5-Coder-0.5B-Instruct (the coders) — more agents than live sequences, called in a
@@ -10,10 +10,10 @@ Systems, all up at once and called in turn (the order rotates every step, so the
 share the machine's load):
 
 * budget (a), both models fit:
-  `agentmem` — `ModelPool(ram_budget_bytes=0)`, hints on;
+  `agentmem` — `MemoryPool(models=..., ram_budget_bytes=0)`, hints on;
   `llama-server --models-max 2` — the router keeps both children.
 * budget (b), one model plus KV (`--budget-mib`, default 700 MiB; Qwen's weights are 469 MiB):
-  `agentmem, hints` — `ModelPool(ram_budget_bytes=budget)`, `expect()` told the workflow order;
+  `agentmem, hints` — `MemoryPool(models=..., ram_budget_bytes=budget)`, `expect()` told the workflow order;
   `agentmem, no hints` — the same budget, no `expect`, no model prefetch;
   `llama-server --models-max 1` — the router stops one child to start the other.
 
@@ -28,7 +28,7 @@ to its first streamed piece), llama-server behind its router port over loopback 
 `--resident` (2) live sequences; llama-server's children `-np 2 -kvu --cache-ram
 --cache-ram-mib --jinja`. A call's *prefilled* tokens are its prompt tokens minus those
 read from kept KV (agentmem's `cached_tokens`; llama-server's `timings.cache_n`).
-*Model loads* count agentmem's `ModelPool.models()[...]["loads"]` and the router's
+*Model loads* count agentmem's `MemoryPool.models()[...]["loads"]` and the router's
 "spawning server instance" log lines.
 
 Run: `python benchmarks/models.py --out models.json` (`--quick` for a smoke run; the
@@ -101,14 +101,14 @@ class System:
 
 
 class AgentMem(System):
-    """`agentmem.models.ModelPool` in this process."""
+    """`agentmem.MemoryPool` of several models in this process."""
 
     def __init__(self, name: str, budget: str, *, paths: dict[str, str], budget_bytes: int, hints: bool,
                  args: argparse.Namespace, tmp: Path) -> None:
         super().__init__(name, budget)
-        from agentmem.models import ModelPool
+        from agentmem import MemoryPool
         self.hints = hints
-        self.team = ModelPool(paths, ram_budget_bytes=budget_bytes, archive_dir=tmp / re.sub(r"\W+", "-", f"{name} {budget}"),
+        self.team = MemoryPool(models=paths, ram_budget_bytes=budget_bytes, archive_dir=tmp / re.sub(r"\W+", "-", f"{name} {budget}"),
                               n_ctx=args.n_ctx, resident_agents=args.resident, n_threads=args.threads,
                               prefetch_models=hints)
 

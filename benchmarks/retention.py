@@ -294,7 +294,7 @@ def pick_probe(pool: MemoryPool, probe: str) -> str:
     """`auto`: `question` for a model whose GGUF ships a chat template (instruction-tuned), else `cloze`."""
     if probe != "auto":
         return probe
-    return "question" if pool.model.chat_template() else "cloze"
+    return "question" if pool.engine().model.chat_template() else "cloze"
 
 
 def hit(text: str, value: str) -> bool:
@@ -337,7 +337,7 @@ def run_config(
     turns.append({"total_s": r.timings.total_s, "evict_s": getattr(r.timings, "evict_s", 0.0)})
     st = pool.stats()["agents"][agent]
     live_after_trace = int(st.get("live_tokens", st.get("tokens", 0)))
-    live_text = pool.model.detokenize(pool.tokens(agent))
+    live_text = pool.engine().model.detokenize(pool.tokens(agent))
     results = []
     reprefills = 0
     for f in trace.facts:
@@ -421,7 +421,7 @@ def simulate_kept(pool: MemoryPool, trace: Trace, *, budget: int, policy: str) -
             live += [True] * (end - start)
             start = end
     lv = np.asarray(live, bool)
-    text = pool.model.detokenize(np.asarray(tok)[lv].tolist())
+    text = pool.engine().model.detokenize(np.asarray(tok)[lv].tolist())
     return [{"kind": f.kind, "subject": f.subject, "kept": kept(f, text)} for f in trace.facts], int(lv.sum())
 
 

@@ -251,7 +251,7 @@ def run_bytes(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         cold_codec=codec, prefetch=False) as pool:
             r = pool.chat("bytes", msgs, max_tokens=4)
             pool.park("bytes", "cold")
-            arc = pool._core.archive  # the pool's own archive: the rows it wrote
+            arc = pool.engine()._core.archive  # the pool's own archive: the rows it wrote
             info = arc.get_state_info("bytes")
             ckpt = arc.get_checkpoint("bytes")
             led = arc.get_ledger("bytes")

@@ -160,7 +160,7 @@ def round_ctx(n: int) -> int:
 
 def kv_bytes_per_token(pool: Any) -> int | None:
     """f16 K+V bytes of one token over all layers, from the GGUF metadata (None when not stated)."""
-    m = pool.model
+    m = pool.engine().model
     arch = m.meta("general.architecture")
     try:
         n_layer = int(m.meta(f"{arch}.block_count"))
@@ -592,8 +592,8 @@ def decode_anatomy(pool: Any, reps: int = 9) -> list[dict[str, Any]]:
     interleaved ``reps`` times so a load change hits them alike. ``bound_speedup`` =
     k x t(1 row) / t(k rows, k logits): the best aggregate speed-up batching can give.
     """
-    ctx = pool.ctx
-    toks = pool.model.tokenize("Write a list of tips about gardening.", add_special=True)
+    ctx = pool.engine().ctx
+    toks = pool.engine().model.tokenize("Write a list of tips about gardening.", add_special=True)
     ks = [k for k in (1, 2, 4, 8) if k <= pool.config.resident_agents]
     samples: dict[tuple[int, int], list[float]] = {}
     with ctx.lock:

@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = pool.stats()
     seqs = check_sequences(stats, args.resident)
     # (a private read, on purpose: the free list plus the held sequences must be all of them)
-    checks["leaked_sequences"] = args.resident - len(seqs) - len(pool._residency.free)
+    checks["leaked_sequences"] = args.resident - len(seqs) - len(pool.engine()._residency.free)
     watchdog.leave()
     for agent in sorted(a for a in soak.history if a in stats["agents"])[:4]:
         soak.timed("final", agent, lambda: pool.chat(agent, soak.prompt(random.Random(0), agent), max_tokens=2))

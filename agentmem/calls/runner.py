@@ -21,7 +21,7 @@ from agentmem.calls.reply import Reply
 from agentmem.calls.steps import Generate, HoldsKV, Step, Steps
 from agentmem.calls.strategy import DecodeStrategy
 from agentmem.calls.turns import AgentTurns, turns_for
-from agentmem.pool import ChatResult, ChatStream, MemoryPool
+from agentmem.pool import ChatResult, ChatStream, ModelEngine
 from agentmem.pool.bridge import Workers, call_in_thread, drive_async
 
 __all__ = ["CallEvent", "CallRunner", "until_done"]
@@ -40,7 +40,7 @@ class CallRunner:
         strategy: how a reply is generated and read (default: `LazyCall`).
     """
 
-    def __init__(self, pool: MemoryPool, *, turns: AgentTurns | None = None, workers: Workers | None = None,
+    def __init__(self, pool: ModelEngine, *, turns: AgentTurns | None = None, workers: Workers | None = None,
                  on_result: Callable[[CallPlan, ChatResult], None] | None = None,
                  strategy: DecodeStrategy | None = None) -> None:
         self.pool = pool

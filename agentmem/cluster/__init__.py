@@ -21,6 +21,7 @@ from agentmem.cluster.leases import LeaseKeeper, LeaseStore
 from agentmem.cluster.local import LocalLeaseStore
 from agentmem.cluster.pool import ClusterPool
 from agentmem.cluster.replica import CLUSTER_DURABILITY, Replica
+from agentmem.models import MemoryPool
 
 __all__ = ["CLUSTER_DURABILITY", "ClusterPool", "LeaseKeeper", "LeaseStore", "LocalLeaseStore", "Replica",
            "default_replica_id", "open_replica"]
@@ -31,7 +32,7 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def open_replica(config: Any, settings: Any) -> tuple[ClusterPool, Replica]:
+def open_replica(config: Any, settings: Any) -> tuple[MemoryPool, Replica]:
     """The pool and the lease keeper of one replica, from a `PoolConfig` and `ServerSettings` (cluster mode).
 
     With `archive_url` the leases use a connection of their own to the shared
@@ -41,15 +42,16 @@ def open_replica(config: Any, settings: Any) -> tuple[ClusterPool, Replica]:
     """
     from agentmem.archive import open_archive
 
-    pool = ClusterPool(config=config)
+    pool = MemoryPool(config=config, open_engine=ClusterPool)
+    engine = pool.engine()
     store = None
     try:
         url = getattr(config, "archive_url", None)
-        store = open_archive(url) if url else pool.archive
+        store = open_archive(url) if url else engine.archive
         keeper = LeaseKeeper(store, owner=settings.replica_id or default_replica_id(), ttl_s=settings.lease_ttl_s)
-        return pool, Replica(pool, keeper, durability=settings.durability, own_store=store is not pool.archive)
+        return pool, Replica(engine, keeper, durability=settings.durability, own_store=store is not engine.archive)
     except BaseException:
-        if store is not None and store is not pool.archive:
+        if store is not None and store is not engine.archive:
             store.close()
         pool.close()
         raise

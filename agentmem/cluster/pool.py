@@ -14,14 +14,14 @@ import logging
 from typing import Any, Callable
 
 from agentmem.errors import AgentMemError, ArchiveError, ConfigError
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 
 __all__ = ["ClusterPool"]
 
 logger = logging.getLogger(__name__)
 
 
-class ClusterPool(MemoryPool):
+class ClusterPool(ModelEngine):
     """A `MemoryPool` for one replica of a cluster (same constructor; an archive is required).
 
     Unlike a lone pool it does not register every archived agent when it opens:
@@ -41,8 +41,8 @@ class ClusterPool(MemoryPool):
             self.close()
             raise ConfigError("a cluster replica needs a shared archive (archive_url)")
 
-    def close(self) -> None:
-        """Store the agents this replica may still write (see the class docstring), then close."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Store the agents this replica may still write (see the class docstring), then close (`ModelEngine.close`)."""
         core = self._core
         if not self.closed and core.fence is not None:
             with core.lock:
@@ -54,7 +54,7 @@ class ClusterPool(MemoryPool):
                     except ArchiveError as exc:  # LeaseLostError, or the archive is unreachable
                         logger.debug("agent %r not stored at close: %s", a.id, exc)
                         self._mover.discard(a)
-        super().close()
+        super().close(timeout_s)
 
     @property
     def archive(self) -> Any:

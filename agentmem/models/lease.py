@@ -1,7 +1,7 @@
 """`ModelLease`: one use of a loaded model, held loaded (never unloaded) until it is released.
 
-`ModelPool.chat` holds its model this way for the length of a call; `ModelPool.lease`
-hands the same hold to code that drives the model's `MemoryPool` itself (the HTTP
+`MemoryPool.chat` holds its model this way for the length of a call; `MemoryPool.lease`
+hands the same hold to code that drives the model's `ModelEngine` itself (the HTTP
 server's calls, a listing that reads a loaded model's stats).
 
 >>> lease = ModelLease(name="planner", pool=None)
@@ -24,8 +24,8 @@ class ModelLease:
     """A model held loaded for one use; `release` (idempotent, thread-safe) ends the hold.
 
     Attributes:
-        name: the model's name in its `ModelPool` (what requests call it).
-        pool: the model's open `MemoryPool`; valid until `release`.
+        name: the model's name in its `MemoryPool` (what requests call it).
+        pool: the model's open `ModelEngine`; valid until `release`.
         agent_id: the agent whose call the lease serves (`None`: a use without an agent,
             such as a conversation-line lookup before its agent is known); with one, the
             release counts as that agent's call for the model pool's workflow predictor.

@@ -1,18 +1,21 @@
-"""`ModelPool`: agents on several models, one memory budget for weights and KV.
+"""`MemoryPool`: the one public pool, for one model or many; each model is run by a `ModelEngine`.
 
-Each model is a `MemoryPool` of its own (its context, sequences, parked KV, shared
-blocks, fingerprints and archive file); the model pool binds every agent to one model
-(`agentmem.models.bindings`), loads and unloads models within one budget
-(`agentmem.models.tier`), and prefetches the model of the agent expected next — from
+A single model is a pool of one: `MemoryPool("gemma-3-270m", n_ctx=4096)` opens its
+engine at once and keeps it open until `close`. A pool of many, `MemoryPool(models={...},
+ram_budget_bytes=...)`, loads and unloads its models' engines within one budget for
+weights and KV (`agentmem.models.tier`), binds every agent to one model
+(`agentmem.models.bindings`), and prefetches the model of the agent expected next — from
 the workflow hints (`expect`), else from the order calls came in before — in the
-background, off the critical path.
+background, off the critical path. Both forms offer the same calls and agent operations
+(`agentmem.models.operations`): each one runs on the agent's model, and `model=` names
+the model where an agent is new or none is involved.
 
 Real output on the two bundled models, 2 CPU cores, a budget that holds one model at a
 time (`benchmarks/models.py` measures it at scale):
 
->>> from agentmem.models import ModelPool
->>> team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"},  # doctest: +SKIP
-...                  ram_budget_bytes=600 << 20, archive_dir="team-archive", n_ctx=2048, resident_agents=2)
+>>> from agentmem import MemoryPool
+>>> team = MemoryPool(models={"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"},  # doctest: +SKIP
+...                   ram_budget_bytes=600 << 20, archive_dir="team-archive", n_ctx=2048, resident_agents=2)
 >>> msgs = [{"role": "user", "content": "Name a colour."}]  # the coder's call unloads the planner, and back
 >>> team.chat("plan", msgs, model="planner", max_tokens=4).kv  # doctest: +SKIP
 'prefilled'
@@ -29,34 +32,42 @@ agentmem.errors.ModelMismatchError: model: agent 'plan' is bound to model 'plann
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import re
 import shutil
 import tempfile
-import threading
-import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 
+import agentmem.validation as check
 from agentmem.config import PoolConfig
-from agentmem.errors import ConfigError, PoolClosedError, UnknownAgentError
+from agentmem.errors import ConfigError, PoolClosedError
 from agentmem.model import resolve_model_path
+from agentmem.models import policy as _policy
 from agentmem.models.bindings import Bindings
 from agentmem.models.lease import ModelLease
-from agentmem.models import policy as _policy
+from agentmem.models.listing import ArchivedAgents
+from agentmem.models.operations import AgentOperations
 from agentmem.models.specs import ModelSpec, specs_of
 from agentmem.models.tier import ModelSlot, ModelTier
 from agentmem.models.workflow import Workflow
-from agentmem.pool import ChatResult, ChatStream, MemoryPool
+from agentmem.pool import ChatResult, ChatStream, ModelEngine
 from agentmem.pool.results import drive_async
 
-__all__ = ["ModelPool"]
+__all__ = ["MemoryPool", "ModelPool"]
 
 logger = logging.getLogger(__name__)
 
+Models = Mapping[str, "str | os.PathLike[str] | ModelSpec"] | Sequence[ModelSpec]
+"""A pool of many's models: `{name: bundled model name | GGUF path | ModelSpec}`, or a list of `ModelSpec`s."""
+
 
 class _Cancel:
-    """`ChatStream`'s cancel hook, forwarded to the model's own stream."""
+    """`ChatStream`'s cancel hook, forwarded to the engine's own stream."""
 
     def __init__(self, inner: ChatStream) -> None:
         self.inner = inner
@@ -66,72 +77,142 @@ class _Cancel:
         self.inner.cancel()
 
 
-class ModelPool:
-    """Agents driven by different models, in one memory budget (see the module docstring).
+def _name_of_file(path: Path) -> str:
+    """A pool of one's model name: its GGUF file's stem, made a valid `ModelSpec` name."""
+    return re.sub(r"[^A-Za-z0-9._:-]", "-", path.stem)[:64] or "model"
+
+
+class MemoryPool(AgentOperations):
+    """Keeps every agent's KV state, on one model or many (see the module docstring).
+
+    At most `resident_agents` agents of a model are *hot* (a live sequence). When another
+    agent needs a sequence, the placement policy picks an idle one to *park*: its KV
+    state is copied out to the WARM tier (RAM, optionally quantized) and restored —
+    milliseconds — when it is called again. With `archive_path` a COLD tier (SQLite)
+    takes states that overflow the RAM budget and makes agents durable across restarts.
+    Each call decodes only what the agent's KV does not already hold.
 
     Args:
-        models: `{name: bundled model name | GGUF path | ModelSpec}`.
+        model: a pool of one: a bundled model's name (`gemma-3-270m`, `qwen2.5-coder-0.5b-instruct`)
+            or a GGUF path; `None` uses `AGENTMEM_MODEL` or the default bundled model.
+            Stored as `PoolConfig.model_path`.
+        models: a pool of many instead: `{name: bundled model name | GGUF path | ModelSpec}`
+            or a list of `ModelSpec`s; each model keeps its agents in `archive_dir/<name>.db`.
         default: the model of an agent whose first call names none (default: the first).
+        config: the base `PoolConfig` of every model; `options` override its fields
+            (`n_ctx`, `resident_agents`, `park_codec`, `archive_path`, ...) and a
+            `ModelSpec`'s options override both, for its model.
         ram_budget_bytes: host RAM for the loaded models' weights and contexts and all
             parked KV together (`0` = unlimited: every model stays loaded once used).
         vram_budget_bytes: VRAM for the weights and live KV of models with
             `n_gpu_layers != 0` (CUDA/Metal builds; `0` = unlimited).
-        archive_dir: a directory with one archive file per model (`<name>.db`): agents
-            survive unloads and restarts. Default: a temporary directory removed at
-            `close` (unloads still lose nothing; restarts start empty).
-        config: the base `PoolConfig` of every model; `options` override its fields and a
-            `ModelSpec`'s options override both, for its model.
+        archive_dir: a pool of many's directory with one archive file per model. Default: a
+            temporary directory removed at `close` (unloads lose nothing; restarts start empty).
         unload_policy: `cost` (reload time × likelihood of next use) or `lru`.
         prefetch_models: load the model of the agent expected next in the background.
-        preload: models to load at open (default: none; the first call loads its model).
+        preload: models to load at open (a pool of one loads its model at open).
         load_wait_s: how long a call waits for models in use to free the budget it needs.
+        open_engine: opens one model's engine, `open_engine(config=...)` (default `ModelEngine`;
+            a cluster replica passes `ClusterPool`).
+
+    Raises:
+        ConfigError: both `model` and `models`, a bad option, a bad budget.
+        ModelNotFoundError: a model file that does not exist.
+
+    Example:
+        >>> from agentmem import MemoryPool
+        >>> with MemoryPool(n_ctx=4096, resident_agents=2) as pool:   # doctest: +SKIP
+        ...     msgs = [{"role": "user", "content": "Name a colour."}]
+        ...     r = pool.chat("planner", msgs, max_tokens=8)
+        ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
+        prefilled 11 0
     """
 
-    def __init__(self, models: Mapping[str, str | os.PathLike[str] | ModelSpec], *, default: str | None = None,
-                 ram_budget_bytes: int = 0, vram_budget_bytes: int = 0, archive_dir: str | os.PathLike[str] | None = None,
-                 config: PoolConfig | None = None, unload_policy: str = "cost", prefetch_models: bool = True,
-                 preload: Sequence[str] = (), load_wait_s: float = 300.0, **options: Any) -> None:
-        specs = specs_of(models)
+    def __init__(self, model: str | os.PathLike[str] | None = None, *, models: Models | None = None,
+                 default: str | None = None, config: PoolConfig | None = None, ram_budget_bytes: int = 0,
+                 vram_budget_bytes: int = 0, archive_dir: str | os.PathLike[str] | None = None,
+                 unload_policy: str = "cost", prefetch_models: bool = True, preload: Sequence[str] = (),
+                 load_wait_s: float = 300.0, open_engine: Callable[..., ModelEngine] = ModelEngine,
+                 **options: Any) -> None:
         for key, value in (("ram_budget_bytes", ram_budget_bytes), ("vram_budget_bytes", vram_budget_bytes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{key} must be an int >= 0, got {value!r}")
-        base = (config or PoolConfig()).replace(**options) if options else (config or PoolConfig())
-        self._own_dir = archive_dir is None
-        self.archive_dir = Path(tempfile.mkdtemp(prefix="agentmem-models-")) if archive_dir is None else Path(archive_dir)
-        self.archive_dir.mkdir(parents=True, exist_ok=True)
-        self.bindings = Bindings(specs, default or next(iter(specs)))
+        self._closed = True  # until fully built, close() is a no-op
+        base = config or PoolConfig()
+        if models is None:
+            if model is not None:
+                if options.get("model_path") is not None:
+                    raise ConfigError("pass the model once: either model=... or model_path=..., not both")
+                options["model_path"] = str(model)
+            cfg = base.replace(**options) if options else base
+            path = resolve_model_path(cfg.model_path)
+            spec = ModelSpec(name=_name_of_file(path), model=str(path))
+            slots = {spec.name: ModelSlot(spec=spec, config=cfg, model_path=path)}
+            self._own_dir, self.archive_dir = False, None
+            preload, prefetch_models = (spec.name,), False
+        else:
+            if model is not None:
+                raise ConfigError("pass model=... (a pool of one) or models=... (a pool of many), not both")
+            base = base.replace(**options) if options else base
+            specs = specs_of({s.name: s for s in models} if isinstance(models, Sequence) else models)
+            self._own_dir = archive_dir is None
+            self.archive_dir = Path(tempfile.mkdtemp(prefix="agentmem-models-") if archive_dir is None else archive_dir)
+            self.archive_dir.mkdir(parents=True, exist_ok=True)
+            slots = {name: ModelSlot(spec=spec, config=spec.config(base, str(self.archive_dir / f"{name}.db")),
+                                     model_path=resolve_model_path(spec.model)) for name, spec in specs.items()}
+        self.bindings = Bindings(slots, default or next(iter(slots)))
         self.bindings.check_model(self.bindings.default)
         self.workflow = Workflow()
+        self._archived = ArchivedAgents()  # what unloaded models hold, for listings that load nothing
         self.prefetch_models = prefetch_models
-        self._closed = False
         self._prefetching: set[str] = set()
-        slots = {name: self._slot(spec, base) for name, spec in specs.items()}
         for name, slot in slots.items():
-            self.bindings.resume(name, Path(slot.config.archive_path or ""))
+            if len(slots) > 1 and slot.config.archive_path:
+                self.bindings.resume(name, Path(slot.config.archive_path))
         self.tier = ModelTier(slots, ram_budget_bytes=ram_budget_bytes, vram_budget_bytes=vram_budget_bytes,
                               policy=_policy.unload_policy(unload_policy), next_step=self._next_step,
-                              on_load=self._on_load, wait_s=load_wait_s)
-        for name in preload:
-            self.tier.acquire(self.bindings.check_model(name))
-            self.tier.release(name)
+                              on_load=self._on_load, wait_s=load_wait_s,
+                              open_pool=lambda cfg: open_engine(config=cfg))
+        self._closed = False
+        try:
+            for name in preload:
+                self.tier.acquire(self.bindings.check_model(name))
+                self.tier.release(name)
+        except BaseException:
+            self.close()
+            raise
+        # async calls wait on the engines most of the time: enough threads that every
+        # resident agent can be in a decode batch (asyncio's default pool has cpu+4)
+        resident = sum(s.config.resident_agents for s in slots.values())
+        self._executor = ThreadPoolExecutor(max_workers=max(32, 4 * resident), thread_name_prefix="agentmem")
 
-    def _slot(self, spec: ModelSpec, base: PoolConfig) -> ModelSlot:
-        cfg = spec.config(base, str(self.archive_dir / f"{spec.name}.db"))
-        return ModelSlot(spec=spec, config=cfg, model_path=resolve_model_path(spec.model))
-
-    # ------------------------------------------------------------------ models and agents
+    # ------------------------------------------------------------------ models and engines
     @property
     def names(self) -> tuple[str, ...]:
-        """The models' names, in the order given."""
+        """The models' names, in the order given (a pool of one: its GGUF file's stem)."""
         return self.bindings.models
 
+    @property
+    def default(self) -> str:
+        """The model of an agent whose first call names none."""
+        return self.bindings.default
+
     def model_of(self, agent_id: str) -> str | None:
-        """The model `agent_id` is bound to (`None`: not bound yet)."""
-        return self.bindings.of(agent_id)
+        """The model `agent_id` runs on (`None`: not bound yet; in a pool of one, always its model)."""
+        bound = self.bindings.of(agent_id)
+        return bound if bound is not None or len(self.names) > 1 else self.default
 
     def bind(self, agent_id: str, model: str) -> None:
         """Bind a new agent to `model` (its first call then needs no `model`)."""
         self.bindings.bind(agent_id, model)
+
+    def check_model(self, model: str | None) -> str | None:
+        """`model` if this pool holds it (`None` stays `None`: the agent's model, else the default).
+
+        Raises:
+            UnknownModelError: no model of that name.
+        """
+        return None if model is None else self.bindings.check_model(model)
 
     def models(self) -> list[dict[str, Any]]:
         """Every model with its state: `name`, `model`, `state`, bytes, agents, loads, unloads, last load time."""
@@ -142,20 +223,22 @@ class ModelPool:
                      "loads": s.loads, "unloads": s.unloads, "prefetch_loads": s.prefetch_loads,
                      "last_load_s": round(s.load_s, 3)} for n, s in self.tier.slots.items()]
 
-    def config_of(self, model: str) -> PoolConfig:
-        """The `PoolConfig` `model`'s `MemoryPool` is (or will be) opened with; loads nothing."""
-        return self.tier.slots[self.bindings.check_model(model)].config
+    def config_of(self, model: str | None = None) -> PoolConfig:
+        """The `PoolConfig` `model`'s engine is (or will be) opened with (`None`: the default's); loads nothing."""
+        return self.tier.slots[self.bindings.check_model(self.default if model is None else model)].config
 
-    def pool(self, model: str) -> MemoryPool:
-        """`model`'s `MemoryPool`, loaded now (for what the model pool does not wrap; do not close it)."""
-        self._check_open()
-        name = self.bindings.check_model(model)
-        pool = self.tier.acquire(name)
-        self.tier.release(name)
-        return pool
+    @property
+    def config(self) -> PoolConfig:
+        """The default model's `PoolConfig` (a pool of one: its only one)."""
+        return self.config_of()
+
+    def engine(self, model: str | None = None) -> ModelEngine:
+        """`model`'s engine (`None`: the default), loaded now; for what the pool does not wrap. Do not close it."""
+        with self.lease(model=model) as lease:
+            return lease.pool  # type: ignore[no-any-return]
 
     def lease(self, agent_id: str | None = None, *, model: str | None = None) -> ModelLease:
-        """Hold a model loaded for work done on its `MemoryPool` directly; `release` the lease after.
+        """Hold a model loaded for work done on its engine directly (`lease.pool`); `release` the lease after.
 
         With `agent_id`: the agent's model (binding a new agent to `model`, else the
         default), and the release counts as that agent's call (workflow predictor,
@@ -167,29 +250,62 @@ class ModelPool:
             ModelBudgetError: the model cannot be loaded while the others stay in use.
         """
         self._check_open()
-        if agent_id is not None:
-            name = self.bindings.route(agent_id, model)
-        else:
-            name = self.bindings.check_model(self.bindings.default if model is None else model)
-        return ModelLease(name=name, pool=self.tier.acquire(name), agent_id=agent_id, end=self._end_lease)
+        name = (self.bindings.route(agent_id, model) if agent_id is not None
+                else self.bindings.check_model(self.default if model is None else model))
+        return ModelLease(name=name, pool=self.tier.acquire(name), agent_id=agent_id,
+                          end=functools.partial(self._end_lease, name))
 
-    def lease_if_loaded(self, model: str) -> ModelLease | None:
-        """A lease on `model` if it is loaded now (never loads it; `None`: not loaded)."""
-        name = self.bindings.check_model(model)
-        pool = None if self._closed else self.tier.try_acquire(name)
-        return None if pool is None else ModelLease(name=name, pool=pool, end=self._end_lease)
+    def lease_if_loaded(self, model: str | None = None, *, agent_id: str | None = None) -> ModelLease | None:
+        """`lease(agent_id, model=model)` if that model is loaded now (never loads it; `None`: not loaded).
 
-    def _end_lease(self, lease: ModelLease) -> None:
-        self.tier.release(lease.name)
+        With `agent_id` a new agent is bound as by `lease`, loaded or not. A closed pool has none loaded.
+        """
+        if self._closed:
+            return None
+        name = (self.bindings.route(agent_id, model) if agent_id is not None
+                else self.bindings.check_model(self.default if model is None else model))
+        engine = self.tier.try_acquire(name)
+        return None if engine is None else ModelLease(name=name, pool=engine, agent_id=agent_id,
+                                                      end=functools.partial(self._end_lease, name))
+
+    def each_loaded(self) -> Iterator[ModelLease]:
+        """A lease on each model loaded now, held while the loop body runs (nothing is loaded for this)."""
+        for name in self.names:
+            lease = self.lease_if_loaded(name)
+            if lease is not None:
+                with lease:
+                    yield lease
+
+    def _end_lease(self, name: str, lease: ModelLease) -> None:
+        """A lease on `name` ended (its `name` may since show another, as a server names its one model)."""
+        self.tier.release(name)
         if lease.agent_id is not None:
             self._after_call(lease.agent_id)
+
+    def unload(self, model: str) -> bool:
+        """Unload `model` now (its agents written to its archive first); False when it is in use or not loaded."""
+        return self.tier.unload(self.bindings.check_model(model))
+
+    @property
+    def durable(self) -> bool:
+        """Whether the agents outlive this pool (an archive that is not a temporary directory)."""
+        if self.archive_dir is not None:
+            return not self._own_dir
+        return bool(self.config.archive_path or self.config.archive_url)
 
     # ------------------------------------------------------------------ calls
     def chat(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
              **kwargs: Any) -> ChatResult:
-        """`MemoryPool.chat` on the model `agent_id` is bound to (binding it to `model` on its first call).
+        """Continue `agent_id`'s conversation on its model and return the reply (`ModelEngine.chat`).
+
+        `messages` is the agent's *whole* history; only the part after what its KV already
+        holds is decoded. `model` binds a new agent to a model (else the default). The
+        options (`max_tokens`, `temperature`, `stop`, `tools`, `opening`, sampling) are
+        `ModelEngine.chat`'s.
 
         Raises:
+            MessageError: a malformed message (the error names the field).
+            ContextOverflowError: the prompt does not fit the model's context.
             ModelMismatchError: `model` is not the agent's model.
             UnknownModelError: no such model.
             ModelBudgetError: the model cannot be loaded while the others stay in use.
@@ -198,183 +314,118 @@ class ModelPool:
 
     def chat_stream(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
                     **kwargs: Any) -> ChatStream:
-        """`MemoryPool.chat_stream` on the agent's model; the model stays loaded until the stream ends or closes."""
-        self._check_open()
-        name = self.bindings.route(agent_id, model)
-        pool = self.tier.acquire(name)
-        try:
-            inner = pool.chat_stream(agent_id, messages, **kwargs)
-        except BaseException:
-            self.tier.release(name)
-            raise
-        return ChatStream(self._held(name, agent_id, inner), cancel=_Cancel(inner))
+        """Like `chat` but yields text pieces; `.result` holds the `ChatResult` at the end.
 
-    def _held(self, name: str, agent_id: str, inner: ChatStream) -> Any:
-        """`inner`'s pieces and result; the model's use ends with it."""
+        Validation happens here (before the first `next`); the model stays loaded until the stream ends or closes.
+        """
+        return self._stream("chat_stream", agent_id, messages, model, kwargs)
+
+    def complete(self, agent_id: str, prompt: str, *, model: str | None = None, **kwargs: Any) -> ChatResult:
+        """Raw completion of `prompt` (no chat template) in `agent_id`'s context, on its model."""
+        return self.complete_stream(agent_id, prompt, model=model, **kwargs).drain()
+
+    def complete_stream(self, agent_id: str, prompt: str, *, model: str | None = None, **kwargs: Any) -> ChatStream:
+        """Streaming `complete`."""
+        return self._stream("complete_stream", agent_id, prompt, model, kwargs)
+
+    def _stream(self, method: str, agent_id: str, what: Any, model: str | None, kwargs: dict[str, Any]) -> ChatStream:
+        lease = self.lease(agent_id, model=model)
+        try:
+            inner = getattr(lease.pool, method)(agent_id, what, **kwargs)
+        except BaseException:
+            lease.release()
+            raise
+        return ChatStream(self._held(lease, inner), cancel=_Cancel(inner))
+
+    @staticmethod
+    def _held(lease: ModelLease, inner: ChatStream) -> Iterator[str | ChatResult]:
+        """`inner`'s pieces and result; the lease on the model ends with it."""
         try:
             yield from inner
             assert inner.result is not None
             yield inner.result
         finally:
             inner.close()
-            self.tier.release(name)
-            self._after_call(agent_id)
+            lease.release()
 
     async def achat(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
                     **kwargs: Any) -> ChatResult:
-        """`chat` without blocking the event loop."""
-        return await asyncio.to_thread(self.chat, agent_id, list(messages), model=model, **kwargs)
+        """Async `chat` (runs in a worker thread; never blocks the event loop)."""
+        self._check_open()
+        msgs = check.message_list(messages)
+        return await self._in_thread(lambda: self.chat(agent_id, msgs, model=model, **kwargs))
 
-    async def astream(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
-                      **kwargs: Any) -> AsyncIterator[str | ChatResult]:
-        """`chat_stream` as an async iterator of pieces, then the `ChatResult`."""
-        stream = await asyncio.to_thread(self.chat_stream, agent_id, list(messages), model=model, **kwargs)
+    async def acomplete(self, agent_id: str, prompt: str, *, model: str | None = None, **kwargs: Any) -> ChatResult:
+        """Async `complete`."""
+        self._check_open()
+        return await self._in_thread(lambda: self.complete(agent_id, prompt, model=model, **kwargs))
+
+    async def achat_stream(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
+                           **kwargs: Any) -> AsyncIterator[str | ChatResult]:
+        """Async streaming: yields text pieces, then the final `ChatResult`."""
+        msgs = check.message_list(messages)
+        stream = await self._in_thread(lambda: self.chat_stream(agent_id, msgs, model=model, **kwargs))
         async for item in drive_async(stream):
             yield item
 
-    # ------------------------------------------------------------------ hints and prefetch
-    def expect(self, agent_ids: Sequence[str | Sequence[str]], *, soon: bool = True, scope: str | None = None) -> None:
-        """The agents expected next, in order: each loaded model gets its own agents' order
-        (`MemoryPool.expect`, under `scope`), and the model of the first expected agent is
-        loaded in the background. The order models are prefetched and kept by is one for
-        every scope: the latest hint's."""
-        self.workflow.expect(agent_ids)
-        for name in self.tier.loaded():
-            self._apply_hints(name, soon=soon, scope=scope)
-        self._prefetch()
+    async def acomplete_stream(self, agent_id: str, prompt: str, *, model: str | None = None,
+                               **kwargs: Any) -> AsyncIterator[str | ChatResult]:
+        """Async streaming completion: text pieces, then the `ChatResult`."""
+        stream = await self._in_thread(lambda: self.complete_stream(agent_id, prompt, model=model, **kwargs))
+        async for item in drive_async(stream):
+            yield item
 
-    def hold(self, agent_id: str, *, ttl_s: float | None = None) -> None:
-        """`MemoryPool.hold` on the agent's model when it is loaded (a hint: nothing is loaded for it)."""
-        name = self.bindings.of(agent_id)
-        lease = None if name is None else self.lease_if_loaded(name)
-        if lease is not None:
-            with lease:
-                lease.pool.hold(agent_id, ttl_s=ttl_s)
-
-    def _next_step(self, model: str) -> int | None:
-        return self.workflow.next_step(lambda a: self.bindings.of(a) == model)
-
-    def _apply_hints(self, name: str, *, soon: bool = True, scope: str | None = None) -> None:
-        slot = self.tier.slots[name]
-        order = self.workflow.order(lambda a: self.bindings.of(a) == name)
-        pool = slot.pool
-        if pool is not None and not pool.closed and order:
-            pool.expect(order, soon=soon, scope=scope)
-
-    def _on_load(self, slot: ModelSlot) -> None:
-        self._apply_hints(slot.spec.name)
-
-    def _after_call(self, agent_id: str) -> None:
-        self.workflow.called(agent_id)
-        self._prefetch()
-
-    def _prefetch(self) -> None:
-        """Load, in a background thread, the model of the agent expected (or predicted) next."""
-        if not self.prefetch_models or self._closed:
-            return
-        nxt = self.workflow.next_agent()
-        name = self.bindings.of(nxt) if nxt is not None else None
-        if name is None or self.tier.slots[name].state != "unloaded" or name in self._prefetching:
-            return
-        self._prefetching.add(name)
-
-        def load() -> None:
-            try:
-                if not self._closed:
-                    self.tier.acquire(name, prefetch=True)
-                    self.tier.release(name)
-            except PoolClosedError:
-                pass
-            except Exception:  # a prefetch is only an optimization: the call will load it (or fail) itself
-                logger.warning("prefetching model %s failed", name, exc_info=True)
-            finally:
-                self._prefetching.discard(name)
-
-        threading.Thread(target=load, name=f"agentmem-model-prefetch-{name}", daemon=True).start()
-
-    def wait_prefetch(self, timeout_s: float = 60.0) -> bool:
-        """Wait for model loads started in the background (and any unload) to finish; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self._prefetching and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return self.tier.wait_idle(max(0.0, deadline - time.monotonic()))
-
-    # ------------------------------------------------------------------ agent operations
-    def _pool_of(self, agent_id: str) -> tuple[str, MemoryPool]:
-        name = self.bindings.of(agent_id)
-        if name is None:
-            raise UnknownAgentError(f"no agent {agent_id!r}", agent_id=agent_id)
-        return name, self.tier.acquire(name)
-
-    def forget(self, agent_id: str) -> None:
-        """Drop `agent_id` everywhere (its model's tiers and archive) and end its binding."""
-        self._check_open()
-        name, pool = self._pool_of(agent_id)
-        try:
-            pool.forget(agent_id)
-        finally:
-            self.tier.release(name)
-        self.bindings.drop(agent_id)
-
-    def park(self, agent_id: str, tier: str = "warm") -> None:
-        """`MemoryPool.park` on the agent's model."""
-        self._check_open()
-        name, pool = self._pool_of(agent_id)
-        try:
-            pool.park(agent_id, tier)
-        finally:
-            self.tier.release(name)
-
-    def add_tenants(self, prefixes: Iterable[str]) -> None:
-        """Add tenant prefixes to every model (`MemoryPool.add_tenants`; the unloaded ones get them at load)."""
-        prefixes = tuple(prefixes)
-        with self.tier.cond:
-            for slot in self.tier.slots.values():
-                merged = tuple(dict.fromkeys(slot.config.tenants + prefixes))
-                slot.config = slot.config.replace(tenants=merged)
-                if slot.pool is not None and not slot.pool.closed:
-                    slot.pool.add_tenants(prefixes)
-
-    @property
-    def durable(self) -> bool:
-        """Whether the agents outlive this pool (`archive_dir` given, not a temporary directory)."""
-        return not self._own_dir
-
-    def unload(self, model: str) -> bool:
-        """Unload `model` now (its agents written to its archive first); False when it is in use or not loaded."""
-        return self.tier.unload(self.bindings.check_model(model))
-
-    def stats(self) -> dict[str, Any]:
-        """`{"models": [...models()], "pools": {name: MemoryPool.stats() of each loaded model},
-        "budget": {...}, "agents": n, "workflow": {...}}`."""
-        pools = {}
-        for name in self.tier.loaded():
-            pool = self.tier.slots[name].pool
-            if pool is not None and not pool.closed:
-                pools[name] = pool.stats()
-        return {"models": self.models(), "pools": pools, "agents": len(self.bindings),
-                "budget": {"ram_budget_bytes": self.tier.ram_budget, "vram_budget_bytes": self.tier.vram_budget,
-                           "policy": self.tier.policy.name},
-                "workflow": self.workflow.stats()}
+    async def _in_thread(self, work: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:
         if self._closed:
-            raise PoolClosedError("the model pool is closed")
+            raise PoolClosedError("the pool is closed")
 
-    def close(self) -> None:
-        """Close every loaded model (its agents written to its archive); idempotent."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Close every loaded model (its agents written to its archive, if any); idempotent, any thread.
+
+        Calls in flight stop with `PoolClosedError` at their next prefill chunk or decode step.
+        """
         if self._closed:
             return
         self._closed = True
-        self.tier.close()
-        if self._own_dir:
+        self.tier.close(timeout_s)
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+        if self._own_dir and self.archive_dir is not None:
             shutil.rmtree(self.archive_dir, ignore_errors=True)
 
     closed = property(lambda self: self._closed, doc="True after `close`.")
 
-    def __enter__(self) -> ModelPool:
+    def __enter__(self) -> MemoryPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ModelPool(MemoryPool):
+    """Deprecated: a pool of many models is `MemoryPool(models=...)`; this name still builds one.
+
+    `ModelPool(models, ...)` is `MemoryPool(models=models, ...)` with a `DeprecationWarning`;
+    `astream` and `pool` are the old names of `achat_stream` and `engine`.
+    """
+
+    def __init__(self, models: Models, **kwargs: Any) -> None:
+        warnings.warn("ModelPool is deprecated: use MemoryPool(models=...), the one pool for one model or many",
+                      DeprecationWarning, stacklevel=2)
+        super().__init__(models=models, **kwargs)
+
+    def astream(self, agent_id: str, messages: Iterable[Mapping[str, Any]], *, model: str | None = None,
+                **kwargs: Any) -> AsyncIterator[str | ChatResult]:
+        """Deprecated name of `achat_stream`."""
+        warnings.warn("ModelPool.astream is deprecated: use MemoryPool.achat_stream", DeprecationWarning, stacklevel=2)
+        return self.achat_stream(agent_id, messages, model=model, **kwargs)
+
+    def pool(self, model: str) -> ModelEngine:
+        """Deprecated name of `engine`."""
+        warnings.warn("ModelPool.pool is deprecated: use MemoryPool.engine", DeprecationWarning, stacklevel=2)
+        return self.engine(model)

@@ -1,4 +1,4 @@
-"""`ModelSpec`: one model of a `ModelPool` — its GGUF, its pool options, where its weights sit.
+"""`ModelSpec`: one model of a `MemoryPool` — its GGUF, its pool options, where its weights sit.
 
 A spec is typed, keyword-only and serializable (`to_dict` / `from_dict`), like
 `PoolConfig`; the options are `PoolConfig` fields and override the model pool's base
@@ -36,7 +36,7 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(PoolConfig))
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """One model of a `ModelPool`.
+    """One model of a `MemoryPool`.
 
     Attributes:
         name: what requests and bindings call it (`model` in a request).

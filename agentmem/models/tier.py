@@ -1,7 +1,7 @@
 """The weights tier: which models are loaded, under one memory budget with the parked KV.
 
 A `ModelSlot` is one model: unloaded (its agents' KV in its archive file), loading,
-loaded (a `MemoryPool`: weights mmap'd, a llama.cpp context, parked KV in RAM) or
+loaded (a `ModelEngine`: weights mmap'd, a llama.cpp context, parked KV in RAM) or
 unloading. `ModelTier.acquire(name)` hands out a loaded model's pool for one call
 (loading it first when needed) and `release(name)` ends the use; a model in use is
 never unloaded.
@@ -13,7 +13,7 @@ instead; parked KV is always host RAM). A model that does not fit makes room by
 unloading idle models in the order of the unload policy (`agentmem.models.policy`).
 
 **Nothing is lost.** Unloading a model first writes every agent of it — live and
-parked — to its archive (`MemoryPool.checkpoint`), and only then closes the pool; a
+parked — to its archive (`ModelEngine.checkpoint`), and only then closes the engine; a
 failed write keeps the model loaded. When the model returns, its agents are restored
 from there (a state restore, not a re-prefill).
 
@@ -33,7 +33,7 @@ from agentmem.config import PoolConfig
 from agentmem.errors import ModelBudgetError, PoolClosedError
 from agentmem.models.policy import SlotView, UnloadPolicy
 from agentmem.models.specs import ModelSpec, footprint
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 
 __all__ = ["ModelSlot", "ModelTier"]
 
@@ -50,7 +50,7 @@ class ModelSlot:
     config: PoolConfig
     model_path: Path
     state: str = "unloaded"  # unloaded | loading | loaded | unloading
-    pool: MemoryPool | None = None
+    pool: ModelEngine | None = None
     uses: int = 0
     weights_bytes: int = 0
     ctx_bytes: int = 0  # known once loaded
@@ -73,7 +73,7 @@ class ModelSlot:
 
 
 class ModelTier:
-    """Loads and unloads the models of a `ModelPool` within its budgets (see the module docstring).
+    """Loads and unloads the models of a `MemoryPool` within its budgets (see the module docstring).
 
     Args:
         slots: the models, by name.
@@ -83,13 +83,13 @@ class ModelTier:
         next_step: how many expected calls ahead a model is needed (`None`: not hinted).
         on_load: called with the slot after each load (the model pool re-applies hints).
         wait_s: how long an `acquire` waits for models in use to free the memory it needs.
-        open_pool: opens a model's pool from its config (`MemoryPool`; tests pass a fake).
+        open_pool: opens a model's engine from its config (`ModelEngine`; tests pass a fake).
     """
 
     def __init__(self, slots: dict[str, ModelSlot], *, ram_budget_bytes: int, vram_budget_bytes: int,
                  policy: UnloadPolicy, next_step: Callable[[str], int | None],
                  on_load: Callable[[ModelSlot], None], wait_s: float,
-                 open_pool: Callable[[PoolConfig], Any] = lambda cfg: MemoryPool(config=cfg)) -> None:
+                 open_pool: Callable[[PoolConfig], Any] = lambda cfg: ModelEngine(config=cfg)) -> None:
         self.slots, self.policy, self.next_step, self.on_load = slots, policy, next_step, on_load
         self.open_pool = open_pool
         self.ram_budget, self.vram_budget, self.wait_s = ram_budget_bytes, vram_budget_bytes, wait_s
@@ -100,7 +100,7 @@ class ModelTier:
             self._check_fits_alone(slot)
 
     # ------------------------------------------------------------------ use
-    def acquire(self, name: str, *, prefetch: bool = False) -> MemoryPool:
+    def acquire(self, name: str, *, prefetch: bool = False) -> ModelEngine:
         """`name`'s pool, loaded, counted in use until `release(name)`."""
         slot = self.slots[name]
         deadline = time.monotonic() + self.wait_s
@@ -126,7 +126,7 @@ class ModelTier:
                         f"{self.vram_budget} and the models that could make room stayed in use for {self.wait_s} s")
         return self._load(slot, victims, prefetch)
 
-    def try_acquire(self, name: str) -> MemoryPool | None:
+    def try_acquire(self, name: str) -> ModelEngine | None:
         """`name`'s pool if it is loaded now, counted in use until `release(name)`; `None` (nothing held) otherwise.
 
         Never loads: for reading a model's state without moving the budget (a listing).
@@ -151,7 +151,7 @@ class ModelTier:
             return [n for n, s in self.slots.items() if s.state == "loaded"]
 
     # ------------------------------------------------------------------ load / unload
-    def _load(self, slot: ModelSlot, victims: list[ModelSlot], prefetch: bool) -> MemoryPool:
+    def _load(self, slot: ModelSlot, victims: list[ModelSlot], prefetch: bool) -> ModelEngine:
         """Unload `victims`, then open `slot`'s pool (both marked by `acquire`); one use of it taken."""
         try:
             for v in victims:
@@ -229,7 +229,11 @@ class ModelTier:
         return True
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Refuse new uses, wait (up to `timeout_s`) for loads and unloads under way, close every pool."""
+        """Refuse new uses, wait (up to `timeout_s`) for loads and unloads under way, close every engine.
+
+        Each engine's `close` gets what is left of `timeout_s` for its calls in flight
+        (`0`: it does not wait; the last call out frees the native handles).
+        """
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.closed = True
@@ -245,7 +249,7 @@ class ModelTier:
                 if s.pool is not None:
                     s.pool, s.state = None, "unloaded"
         for pool in pools:
-            pool.close()  # writes its agents to its archive
+            pool.close(timeout_s=max(0.0, deadline - time.monotonic()))  # writes its agents to its archive
 
     # ------------------------------------------------------------------ the budget
     def _cost(self, slot: ModelSlot) -> tuple[int, int]:

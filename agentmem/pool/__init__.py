@@ -1,6 +1,10 @@
-"""The pool: many agents on one llama.cpp context, and the collaborators that run one call.
+"""One model's engine: many agents on one llama.cpp context, and the collaborators that run one call.
 
-* `facade` — `MemoryPool`: the public API, validation, wiring, close and checkpoints.
+The public pool is `agentmem.MemoryPool` (`agentmem.models.pool`): a pool of one model or of many,
+each model run by a `ModelEngine` of this package.
+
+* `facade` — `ModelEngine`: one model's calls, validation, wiring and close.
+* `operations` — the engine's agent operations: forget, park, priorities, budgets, pins, share, handoff, recall, checkpoints.
 * `opening` — building what a pool shares (model, context, renderer, archive, tiers) as a `PoolCore`, and wiring the collaborators.
 * `turn` — one call as named phases: admit → place → reconcile → share → prefill → generate → finish.
 * `layout` — the KV layout (one unified cache or a stream per sequence) and the rule `kv_layout="auto"` follows.
@@ -19,15 +23,27 @@
 * `tenants` — tenant scopes: whose KV an agent may start from; `tenant_of`/`add_tenants`/`tenant_usage`.
 * `hints` — workflow hints: expected order, holds, their counters; `expect`/`hold`/`unhold`.
 * `state` — the agent record (`AgentState`) with its invariants, counters, and the shared `PoolCore`.
-* `stats` — `MemoryPool.stats()`.
+* `stats` — `ModelEngine.stats()`.
 * `results` — `Usage`, `Timings`, `ChatResult`, `ChatStream`.
 * `lifetime` — calls in flight, their cancel flags, and a `close` that frees native handles only when none is inside.
 """
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from agentmem.memory.shared import HandoffCard
-from agentmem.pool.facade import MemoryPool
+from agentmem.pool.facade import ModelEngine
 from agentmem.pool.results import ChatResult, ChatStream, Timings, Usage
 
-__all__ = ["ChatResult", "ChatStream", "HandoffCard", "MemoryPool", "Timings", "Usage"]
+__all__ = ["ChatResult", "ChatStream", "HandoffCard", "ModelEngine", "Timings", "Usage"]
+
+
+def __getattr__(name: str) -> Any:
+    """`agentmem.pool.MemoryPool`, the old name of one model's pool: the engine, with a `DeprecationWarning`."""
+    if name == "MemoryPool":
+        warnings.warn("agentmem.pool.MemoryPool is one model's engine, now named agentmem.pool.ModelEngine; "
+                      "the public pool (one model or many) is agentmem.MemoryPool", DeprecationWarning, stacklevel=2)
+        return ModelEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,12 @@
-"""MemoryPool: many agents, one model, one llama.cpp context, no re-prefill on switch.
+"""`ModelEngine`: many agents, one model, one llama.cpp context, no re-prefill on switch.
 
-`MemoryPool` is the public face of the pool: it validates input, wires the
+`ModelEngine` is one model's engine inside the public `agentmem.MemoryPool` (a pool of
+one model or of many: `agentmem.models.pool`). It validates input, wires the
 collaborators that run a call (see `agentmem.pool`), and offers the sync,
 streaming and async calls, the agent operations (park, forget, pin, budgets,
-share, handoff, recall), the workflow hints (`expect`, `hold`, `unhold`, from `agentmem.pool.hints`),
-conversation lines (`find_line`: `agentmem.pool.lines`), checkpoints and `close`.
+share, handoff, recall, checkpoints: `agentmem.pool.operations`), the workflow hints
+(`expect`, `hold`, `unhold`: `agentmem.pool.hints`), conversation lines
+(`find_line`: `agentmem.pool.lines`) and `close`.
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
 that is generating is *busy* and is never parked under its feet. Async methods
@@ -20,34 +22,31 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import agentmem.validation as check
-from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
-from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
-from agentmem.policy.placement import priority_weight
+from agentmem.errors import ConfigError, PoolClosedError
 from agentmem.pool.hints import HintMethods
 from agentmem.pool.lifetime import Lifetime, free_pool, in_use
 from agentmem.pool.lines import LineMethods
 from agentmem.pool.opening import open_core, wire
+from agentmem.pool.operations import AgentMethods
 from agentmem.pool.prefetch import Prefetcher
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
-from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
 from agentmem.pool.tenants import TenantMethods
 from agentmem.tools.canonical import watch_for
 from agentmem.tools.formats import ToolFormat
 
-__all__ = ["MemoryPool"]
+__all__ = ["ModelEngine"]
 
 logger = logging.getLogger(__name__)
 
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class MemoryPool(HintMethods, TenantMethods, LineMethods):
-    """Keeps every agent's KV state across one shared llama.cpp context.
+class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods):
+    """Keeps every agent's KV state across one shared llama.cpp context (one model's engine).
 
     At most `resident_agents` agents are *hot* (a live sequence). When another
     agent needs a sequence, the placement policy picks an idle one to *park*: its
@@ -70,8 +69,8 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
     Example:
         Real output on the default model, 2 CPU cores:
 
-        >>> from agentmem import MemoryPool
-        >>> with MemoryPool(n_ctx=4096, resident_agents=2) as pool:   # doctest: +SKIP
+        >>> from agentmem.pool import ModelEngine
+        >>> with ModelEngine(n_ctx=4096, resident_agents=2) as pool:   # doctest: +SKIP
         ...     msgs = [{"role": "user", "content": "Name a colour."}]
         ...     r = pool.chat("planner", msgs, max_tokens=8)
         ...     print(r.kv, r.usage.prompt_tokens, r.usage.cached_tokens)
@@ -138,7 +137,7 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
 
     closed = property(lambda self: self._closed, doc="True after `close`.")
 
-    def __enter__(self) -> MemoryPool:
+    def __enter__(self) -> ModelEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -304,142 +303,6 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
             return list(self._core.agents)
 
     @in_use
-    def forget(self, agent_id: str) -> None:
-        """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
-        self._check_open()
-        core = self._core
-        with core.lock:
-            a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
-            self._mover.forget(a)
-            self._hints.forget(agent_id)
-
-    @in_use
-    def park(self, agent_id: str, tier: str = "warm") -> None:
-        """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
-        self._check_open()
-        core = self._core
-        with core.lock:
-            a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
-            if tier not in core.tiers:
-                raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
-            current = core.where(a)[0]
-            if current != "empty" and current != tier:
-                self._mover.move(a, tier)
-            self._budgets.rebalance()
-
-    def set_priority(self, agent_id: str, priority: int | str) -> None:
-        """`"foreground"`, `"normal"`, `"background"` or an int weight (creates the agent if new)."""
-        self._check_open()
-        check.agent_id(agent_id)
-        w = priority_weight(check.priority(priority))
-        with self._core.lock:
-            self._core.agents.setdefault(agent_id, AgentState(agent_id)).priority = w
-
-    def set_budget(self, agent_id: str, tokens: int, eviction: str | None = None) -> None:
-        """Give `agent_id` its own live-token budget (`0` = pool default) and eviction policy."""
-        self._check_open()
-        check.agent_id(agent_id)
-        check.bounded_int(tokens, field="budget", lo=0, hi=self.capacity)
-        if eviction is not None:
-            PoolCore.eviction_policy(eviction)
-        with self._core.lock:
-            a = self._core.agents.get(agent_id)
-            pinned = int(a.ledger.pinned[a.ledger.live].sum()) if a is not None else 0
-            if tokens and pinned >= tokens:
-                raise ConfigError(
-                    f"budget {tokens} of agent {agent_id!r} does not exceed its {pinned} pinned live tokens: "
-                    f"eviction could only take the current turn; unpin messages or raise the budget"
-                )
-            a = self._core.agents.setdefault(agent_id, AgentState(agent_id))
-            a.budget = tokens
-            a.eviction = eviction or ""
-
-    def pin(self, agent_id: str, message_index: int, pinned: bool = True) -> int:
-        """Pin (never evict) the tokens of message `message_index` of `agent_id`; returns their count."""
-        self._check_open()
-        check.bounded_int(message_index, field="message_index", lo=0)
-        if not isinstance(pinned, bool):
-            raise ConfigError(f"pinned must be a bool, got {pinned!r}")
-        with self._core.lock:
-            led = self._core.agent(agent_id).ledger
-            n_messages = int(led.messages.max()) + 1 if len(led) else 0
-            if message_index >= n_messages:
-                raise ConfigError(
-                    f"message_index {message_index} is not a message of agent {agent_id!r} (it has {n_messages})"
-                )
-            return led.set_pinned(message_index, pinned)
-
-    @in_use
-    def share(self, name: str, messages: Iterable[Mapping[str, Any] | Message]) -> int:
-        """Declare a shared prefix (team brief, task, document); returns its token count.
-
-        The messages are decoded once (as agent `"share:<name>"`); any agent whose
-        prompt starts with the same rendered tokens gets those cells without
-        recompute: tagged in the live cache (`seq_cp`) or restored from the
-        parked share. Undeclared common prefixes between agents of one tenant are found too.
-        """
-        self._check_open()
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"share name must be a non-empty string, got {name!r}")
-        check.agent_id(SHARE_PREFIX + name, field="name", internal=True)
-        msgs = check.message_list(messages)
-        if not msgs:
-            raise ConfigError(f"share {name!r} needs at least one message")
-        return self._sharing.declare(
-            name, self.renderer.render(msgs + [{"role": "user", "content": "\u2063"}]), len(msgs),
-            decode=lambda agent_id, prefix, n: ChatStream(
-                self._turns.run(agent_id, prefix, SamplingParams(max_tokens=0), n_messages=n)).drain(),
-        )
-
-    @in_use
-    def handoff(self, src: str, dst: str, upto: int | None = None) -> HandoffCard:
-        """Start `dst`'s context as `src`'s (its first `upto` history tokens), without recompute.
-
-        A live source's cells are shared with the destination (`seq_cp`); a
-        parked source's state is restored into the destination's sequence. The
-        destination then diverges copy-on-write; the source is unaffected.
-        """
-        self._check_open()
-        check.agent_id(src, field="src", internal=True)  # a declared share may be handed off
-        check.agent_id(dst, field="dst")
-        if upto is not None:
-            check.bounded_int(upto, field="upto", lo=1)
-        if src == dst:
-            raise ConfigError("handoff needs two different agents")
-        with self._core.lock:
-            return self._sharing.handoff(src, dst, upto)
-
-    @in_use
-    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
-        """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
-        check.agent_id(agent_id, internal=True)
-        check.bounded_int(k, field="k", lo=0, hi=10_000)
-        if not isinstance(query, str):
-            raise ConfigError(f"query must be a string, got {type(query).__name__}")
-        core = self._core
-        res = core.recall_store.search_evicted(agent_id, query, k)
-        with core.lock:
-            core.totals["recalls"] += 1
-            core.totals["recall_hits"] += bool(res)
-        return res
-
-    def tokens(self, agent_id: str) -> list[int]:
-        """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""
-        self._check_open()
-        with self._core.lock:
-            return self._core.agent(agent_id).ledger.live_tokens().tolist()
-
-    def history_tokens(self, agent_id: str) -> list[int]:
-        """Every token of `agent_id`'s history, evicted ones included."""
-        self._check_open()
-        with self._core.lock:
-            return self._core.agent(agent_id).ledger.tokens.tolist()
-
-    @in_use
     def count_tokens(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
     ) -> int:
@@ -450,44 +313,6 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
     def tool_format(self) -> ToolFormat:
         """The model's tool-call syntax (`agentmem.tools.formats`); integrations parse, force, stream with it."""
         return self.renderer.tool_format
-
-    # ------------------------------------------------------------------ durability
-    @in_use
-    def checkpoint(self) -> None:
-        """Write every agent's ledger and state to the archive (hot ones stay hot).
-
-        An agent that cannot be stored does not stop the others: every other
-        agent is written, then `ArchiveError` names the ones that failed.
-        """
-        if self._core.archive is None:
-            raise ConfigError("checkpoint() needs archive_path or archive_url")
-        failed = self._mover.save_all(final=False)
-        if failed:
-            raise (ArchiveFullError if self.storage_fault else ArchiveError)(f"could not store {len(failed)} agent(s): " + "; ".join(f"{k!r}: {v}" for k, v in failed.items()))
-
-    @in_use
-    def commit(self, agent_id: str) -> bool:
-        """Write `agent_id`'s ledger and state to the archive now; it stays where it is.
-
-        For durability per call (a server's `--durability call`): after a SIGKILL the
-        agent resumes from this state. Returns False, writing nothing, while the agent
-        is generating (its next call commits it).
-
-        Raises:
-            ConfigError: the pool has no archive.
-            UnknownAgentError: no such agent.
-            ArchiveError: the write failed (what was stored before is kept).
-        """
-        self._check_open()
-        core = self._core
-        if core.archive is None:
-            raise ConfigError("commit() needs archive_path or archive_url")
-        with core.lock:
-            a = core.agent(agent_id)
-            if a.busy:
-                return False
-            self._mover.save(a)
-            return True
 
     def _params(self, max_tokens: int, temperature: float, stop: Any, extra: Mapping[str, Any]) -> SamplingParams:
         unknown = set(extra) - _SAMPLING_OPTIONS

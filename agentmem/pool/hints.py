@@ -70,6 +70,7 @@ __all__ = [
     "MAX_TTL_S",
     "HintMethods",
     "Hints",
+    "check_expected",
     "reload_ttl",
 ]
 
@@ -316,6 +317,32 @@ def _tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return names
 
 
+def check_expected(agent_ids: Sequence[str | Sequence[str]], *, soon: bool, scope: str | None) -> list[str | list[str]]:
+    """`expect`'s arguments checked: the order as a list of ids and lists of ids (see `HintMethods.expect`).
+
+    Raises:
+        ConfigError: a malformed agent id or scope, a non-list, too many ids, or a non-bool `soon`.
+    """
+    if isinstance(agent_ids, (str, bytes)) or not isinstance(agent_ids, Sequence):
+        raise ConfigError(f"agent_ids must be a list of agent ids, got {type(agent_ids).__name__}")
+    items: list[str | list[str]] = []
+    n = 0
+    for i, item in enumerate(agent_ids):
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence):
+            items.append(check.agent_id(item, field=f"agent_ids[{i}]"))
+            n += 1
+        else:
+            items.append([check.agent_id(x, field=f"agent_ids[{i}][]") for x in item])
+            n += len(item)
+        if n > MAX_EXPECTED:
+            raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got more")
+    if not isinstance(soon, bool):
+        raise ConfigError(f"soon must be a bool, got {soon!r}")
+    if scope is not None:
+        check.agent_id(scope, field="scope")
+    return items
+
+
 class _Prefetching(Protocol):
     """What the hint methods need of the pool's prefetcher (`agentmem.pool.prefetch.Prefetcher`)."""
 
@@ -366,23 +393,7 @@ class HintMethods:
         >>> pool.expect(["coder", ["researcher", "writer"], "supervisor"])  # doctest: +SKIP
         """
         self._check_open()
-        if isinstance(agent_ids, (str, bytes)) or not isinstance(agent_ids, Sequence):
-            raise ConfigError(f"agent_ids must be a list of agent ids, got {type(agent_ids).__name__}")
-        items: list[str | list[str]] = []
-        n = 0
-        for i, item in enumerate(agent_ids):
-            if isinstance(item, (str, bytes)) or not isinstance(item, Sequence):
-                items.append(check.agent_id(item, field=f"agent_ids[{i}]"))
-                n += 1
-            else:
-                items.append([check.agent_id(x, field=f"agent_ids[{i}][]") for x in item])
-                n += len(item)
-            if n > MAX_EXPECTED:
-                raise ConfigError(f"agent_ids may list at most {MAX_EXPECTED} agents, got more")
-        if not isinstance(soon, bool):
-            raise ConfigError(f"soon must be a bool, got {soon!r}")
-        if scope is not None:
-            check.agent_id(scope, field="scope")
+        items = check_expected(agent_ids, soon=soon, scope=scope)
         core = self._core
         if not core.config.hints:
             return

@@ -1,6 +1,6 @@
 """`agentmem serve`: an OpenAI-, Anthropic- and Ollama-compatible HTTP server where every agent keeps its KV memory.
 
-A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.cpp
+A thin adapter over one `MemoryPool`, of one model or several (llama.cpp
 `tools/server` keeps HTTP, the task queue and the model apart; so does this package):
 
 `settings.py` holds the typed, serializable server settings (`ServerSettings`).
@@ -10,7 +10,7 @@ A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
 `calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
-`registry.py` chooses a request's model and holds it loaded for the call (`OneModel`, `ManyModels`, `Target`).
+`registry.py` chooses a request's model and holds it loaded for the call (`Models`, `Target`).
 `engine.py` is the one object the routes call: the models, the queue, the metrics.
 `agent_ops.py` holds the agent operations of the engine (list, park, forget, handoff, ...), on the agent's model.
 `responses.py` builds OpenAI response bodies and SSE events.

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from agentmem import validation as check
 from agentmem.errors import ConfigError, UnknownAgentError
-from agentmem.pool import MemoryPool
+from agentmem.pool import ModelEngine
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
 from agentmem.server.identity import authorize
 from agentmem.server.metrics import note_model
 
 if TYPE_CHECKING:
-    from agentmem.models import ModelPool
+    from agentmem.models import MemoryPool
     from agentmem.server.queue import AgentQueue
     from agentmem.server.quotas import Quotas
     from agentmem.server.registry import Models
@@ -42,18 +42,15 @@ class AgentOps:
     queue: AgentQueue
     quotas: Quotas
     replica: Any
-    team: ModelPool | None
+    team: MemoryPool | None
     _pool: Callable[[], MemoryPool]
     """The one model's pool (`Engine._pool`)."""
     _owned: Callable[[str], Any]
     """The agent's lease in cluster mode, else `None` (`Engine._owned`)."""
 
     @contextlib.asynccontextmanager
-    async def _on(self, agent_id: str) -> AsyncIterator[MemoryPool]:
-        """The pool that holds `agent_id`, for the block (its model held loaded, with several models)."""
-        if not self.models.many:
-            yield self._pool()
-            return
+    async def _on(self, agent_id: str) -> AsyncIterator[ModelEngine]:
+        """The engine of `agent_id`'s model, held loaded for the block (404 for an agent no model holds)."""
         seat = await self.models.agent_seat(agent_id)
         note_model(seat.name)
         try:
@@ -61,7 +58,7 @@ class AgentOps:
         finally:
             seat.release()
 
-    async def _known(self, pool: MemoryPool, agent_id: str) -> None:
+    async def _known(self, pool: ModelEngine, agent_id: str) -> None:
         """404 unless `pool` knows `agent_id`: actions other than a call never create agents."""
         if not await self.queue.call(pool.has_agent, agent_id):
             raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
@@ -73,8 +70,7 @@ class AgentOps:
 
     async def list_agents(self, principal: Principal) -> list[dict[str, Any]]:
         """The agents `principal` may see (declared shares only for admin keys)."""
-        if not self.models.many:
-            self._pool()
+        self._pool()
         entries = await self.queue.call(self.models.entries)
         return [self._info(k, v) for k, v in sorted(entries.items())
                 if principal.allows(k) and (principal.admin or not v.get("share"))]
@@ -82,8 +78,7 @@ class AgentOps:
     async def show_agent(self, principal: Principal, agent_id: str) -> dict[str, Any]:
         """One agent's entry (403 out of scope, 404 unknown)."""
         authorize(principal, agent_id)
-        if not self.models.many:
-            self._pool()
+        self._pool()
         raw = (await self.queue.call(self.models.entries, agent_id)).get(agent_id)
         if raw is None:
             raise UnknownAgentError(f"unknown agent {agent_id!r}", agent_id=agent_id)
@@ -175,14 +170,9 @@ class AgentOps:
     async def checkpoint(self, principal: Principal) -> None:
         if not principal.admin:
             raise ApiError(403, "checkpointing the pool needs an admin key", code="forbidden")
-        if self.team is not None:
-            if not self.team.durable:
-                raise ConfigError("checkpoint needs a server started with --archive")
-            await self.queue.call(self.models.checkpoint)  # type: ignore[attr-defined]
-            return
         pool = self._pool()
-        if pool.config.archive_path is None and not getattr(pool.config, "archive_url", None):
-            raise ConfigError("checkpoint needs a server started with --archive or --archive-url")
+        if not pool.durable:
+            raise ConfigError("checkpoint needs a server started with --archive (or --archive-url)")
         await self.queue.call(pool.checkpoint)
 
 

@@ -1,6 +1,6 @@
 """`create_app`: the FastAPI app over one `Engine` — routers, error handlers, limits, metrics, lifespan.
 
-It serves one `MemoryPool` (or the `PoolConfig` of one), or a `ModelPool` of several models.
+It serves one `MemoryPool`, of one model (or the `PoolConfig` of one) or of several.
 
 >>> from agentmem import PoolConfig
 >>> from agentmem.server import ServerSettings, create_app
@@ -26,8 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
-from agentmem.models import ModelPool
-from agentmem.pool import MemoryPool
+from agentmem.models import MemoryPool
 from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
 from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.deps import engine, principal
@@ -155,7 +154,7 @@ def _install_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    pool_or_config: MemoryPool | PoolConfig | ModelPool,
+    pool_or_config: MemoryPool | PoolConfig,
     *,
     settings: ServerSettings | None = None,
     keys: KeyRing | None = None,
@@ -168,7 +167,7 @@ def create_app(
         pool_or_config: an open `MemoryPool` (the caller keeps closing it, unless `own_pool`), a
             `PoolConfig` the app opens at startup and closes at shutdown (with `archive_path`,
             the close checkpoints every agent and the next start resumes them), or an open
-            `ModelPool`: several models, a request's `model` picks one (`registry.ManyModels`).
+            `MemoryPool` of several models: a request's `model` picks one (`registry.Models`).
         settings: server settings (defaults: `ServerSettings()`).
         keys: API keys (default: none, an open server).
         own_pool: close a given pool at shutdown too.

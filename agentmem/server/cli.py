@@ -189,7 +189,7 @@ def run_args(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not keys.enabled:
         logger.warning("serving on %s without API keys: anyone who can reach it can use every agent", settings.host)
-    from agentmem.pool import MemoryPool
+    from agentmem.models import MemoryPool
     from agentmem.server.model_flags import ServedModels
 
     # opened before uvicorn starts: a missing model or a locked archive is one line on stderr, status 2

@@ -1,7 +1,7 @@
 """`Engine`: the one object the routes call — the models, the queue, the metrics and the settings.
 
 Routes parse and answer HTTP; the engine runs calls and agent operations (`agent_ops`)
-on the `MemoryPool` of the request's model (`registry`: one pool, or a `ModelPool`'s),
+on the engine of the request's model in the server's `MemoryPool` (`registry`),
 always off the event loop (worker threads), and counts what happened. A call finds its
 `Target` (`seat` for a named agent, `find_line` otherwise), then is `prepare_*`
 (validation, tools/JSON protocol, prompt-size limit), then `run`:
@@ -23,8 +23,8 @@ from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, ModelMismatchError
-from agentmem.models import ModelLease, ModelPool
-from agentmem.pool import ChatResult, MemoryPool
+from agentmem.models import MemoryPool, ModelLease
+from agentmem.pool import ChatResult
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
 from agentmem.server.auth import Principal
@@ -33,7 +33,7 @@ from agentmem.server.http_errors import ApiError
 from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import CallLease, Quotas
-from agentmem.server.registry import ManyModels, Models, OneModel, Target
+from agentmem.server.registry import Models, Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
@@ -105,8 +105,8 @@ class Engine(AgentOps):
     """Runs calls and agent operations for the routes.
 
     Args:
-        pool: an open `MemoryPool`, a `PoolConfig` to open at `start`, or an open
-            `ModelPool` (several models: a request's `model` picks one; `registry.ManyModels`).
+        pool: an open `MemoryPool` (of one model, or of several: a request's `model` picks
+            one; `registry.Models`), or a `PoolConfig` to open at `start`.
         settings: the server settings.
         own_pool: close the pool at `stop` (default: only a pool the engine opened).
         replica: cluster mode (`agentmem.cluster.Replica`): every call holds its agent's
@@ -115,28 +115,27 @@ class Engine(AgentOps):
             pool's `PoolConfig.tenants`: no KV is shared across them.
     """
 
-    def __init__(self, pool: MemoryPool | PoolConfig | ModelPool, settings: ServerSettings, *,
+    def __init__(self, pool: MemoryPool | PoolConfig, settings: ServerSettings, *,
                  own_pool: bool | None = None, replica: Any = None, tenants: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.replica = replica
-        self.team: ModelPool | None = pool if isinstance(pool, ModelPool) else None
+        self._config = pool if isinstance(pool, PoolConfig) else None
+        opened = None if self._config is not None else pool
+        many = opened is not None and len(opened.names) > 1
+        self.team: MemoryPool | None = opened if many else None  # several models
+        self.pool: MemoryPool | None = None if many else opened  # one model (or its config, opened at start)
         if self.team is not None and replica is not None:
             raise ConfigError("cluster mode (--archive-url) serves one model")
-        self._config = pool if isinstance(pool, PoolConfig) else None
-        self.pool: MemoryPool | None = pool if isinstance(pool, MemoryPool) else None
         if self._config is not None and tenants:
             self._config = self._config.replace(tenants=tuple(dict.fromkeys(self._config.tenants + tenants)))
-        elif self.pool is not None and tenants:
-            self.pool.add_tenants(tenants)
-        elif self.team is not None and tenants:
-            self.team.add_tenants(tenants)
+        elif opened is not None and tenants:
+            opened.add_tenants(tenants)
         self.quotas = Quotas(settings)
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
         self._runners: dict[str, CallRunner] = {}
-        self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
-                               else OneModel(self._pool, lambda: self.model_name))
+        self.models = Models(self._pool, self.queue.call, many=many, name=lambda: self.model_name)
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
@@ -173,9 +172,8 @@ class Engine(AgentOps):
     @property
     def storage_fault(self) -> str | None:
         """Why an archive refuses writes (`None`: every archive takes them); see `/health`."""
-        if isinstance(self.models, ManyModels):
-            return self.models.storage_fault()
-        return self.pool.storage_fault if self.pool is not None else None
+        pool = self.team if self.team is not None else self.pool
+        return None if pool is None or pool.closed else pool.storage_fault
 
     async def start(self) -> None:
         """Open the pool (when given a config); an archive resumes its agents."""
@@ -195,9 +193,11 @@ class Engine(AgentOps):
             await asyncio.to_thread(self.replica.close)
 
     def _pool(self) -> MemoryPool:
-        if self.pool is None or self.pool.closed:
+        """The open pool, of one model or of several (a 503 `ApiError` while none is)."""
+        pool = self.team if self.team is not None else self.pool
+        if pool is None or pool.closed:
             raise ApiError(503, "the model is not loaded", code="unavailable")
-        return self.pool
+        return pool
 
     def _stats_or_none(self) -> dict[str, Any] | None:
         pool = self.pool
@@ -206,8 +206,8 @@ class Engine(AgentOps):
         return pool.stats()
 
     def _model_series(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """Several models: `(ModelPool.models(), {model: MemoryPool.stats()} of the loaded ones)` for `/metrics`."""
-        assert self.team is not None and isinstance(self.models, ManyModels)
+        """Several models: `(MemoryPool.models(), {model: ModelEngine.stats()} of the loaded ones)` for `/metrics`."""
+        assert self.team is not None
         return self.team.models(), self.models.stats()
 
     def admit(self, principal: Principal) -> Lease:
@@ -346,8 +346,7 @@ class Engine(AgentOps):
         commit included); closing the iterator early stops generation at the next token and
         frees the agent.
         """
-        if not self.models.many:
-            self._pool()
+        self._pool()  # 503 once the pool is closed
         runner = self._runner(target.seat)
         self.processing += 1
         try:

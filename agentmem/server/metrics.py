@@ -147,7 +147,7 @@ class ServerMetrics:
         pool_stats: returns `MemoryPool.stats()`, or `None` while no pool is open.
         processing: returns the number of requests being served.
         deferred: returns the number of requests waiting for their agent.
-        models: several models: returns `(ModelPool.models(), {model: MemoryPool.stats()}
+        models: several models: returns `(MemoryPool.models(), {model: ModelEngine.stats()}
             of the loaded ones)`; the pool series are then labelled by model.
         model_names: returns the configured model names, the only values of the call series'
             `model` label (default: none, every call under `model=""`).
@@ -291,7 +291,7 @@ def _stats_series(by_model: dict[str, dict[str, Any]], *, labelled: bool) -> Ite
 
 
 def _model_series(listing: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Where each model's weights are (`ModelPool.models()`): loaded, bytes, agents, loads, unloads."""
+    """Where each model's weights are (`MemoryPool.models()`): loaded, bytes, agents, loads, unloads."""
     loaded = GaugeMetricFamily("agentmem_model_loaded", "Whether the model is loaded (1) or not (0).", labels=["model"])
     nbytes = GaugeMetricFamily("agentmem_model_bytes", "Bytes of a loaded model: its weights and its live context.",
                                labels=["model", "kind"])

@@ -1,7 +1,7 @@
 """Which models `agentmem serve` serves: `--model` (repeatable) and `--models-dir` → `ServedModels`.
 
 One model (one `--model`, or a `--models-dir` holding one GGUF) is served as always, by
-one `MemoryPool`. Several are a `ModelPool` under one memory budget (`--ram-budget`):
+one `MemoryPool`. Several are a `MemoryPool` of several models under one memory budget (`--ram-budget`):
 
 ```bash
 agentmem serve --model gemma-3-270m --model qwen2.5-coder-0.5b-instruct --ram-budget 800000000 \\
@@ -67,7 +67,7 @@ def models_of(models: Sequence[str] | None, models_dir: str | None) -> dict[str,
 
 @dataclass(frozen=True, kw_only=True)
 class ServedModels:
-    """Several models for `agentmem serve`: what `cli.build` makes of the flags, `open` gives the `ModelPool`.
+    """Several models for `agentmem serve`: what `cli.build` makes of the flags, `open` gives the `MemoryPool`.
 
     Attributes:
         models: `{name: bundled name or GGUF path}`, the default first.
@@ -107,10 +107,11 @@ class ServedModels:
         return self.archive_dir
 
     def open(self, tenants: Sequence[str] = ()) -> Any:
-        """The `ModelPool` (the default model loaded, so a missing or broken model fails at start)."""
-        from agentmem.models import ModelPool
+        """The `MemoryPool` of the models (the default one loaded, so a missing or broken model fails at start)."""
+        from agentmem import MemoryPool
 
         config = self.config.replace(tenants=tuple(dict.fromkeys(self.config.tenants + tuple(tenants))))
-        return ModelPool(self.models, ram_budget_bytes=self.ram_budget_bytes, vram_budget_bytes=self.vram_budget_bytes,
-                         archive_dir=None if self.archive_dir is None else os.fspath(self.archive_dir), config=config,
-                         unload_policy=self.unload_policy, preload=self.preload or (self.default,))
+        return MemoryPool(models=self.models, ram_budget_bytes=self.ram_budget_bytes,
+                          vram_budget_bytes=self.vram_budget_bytes,
+                          archive_dir=None if self.archive_dir is None else os.fspath(self.archive_dir), config=config,
+                          unload_policy=self.unload_policy, preload=self.preload or (self.default,))

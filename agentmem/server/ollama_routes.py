@@ -41,7 +41,6 @@ from agentmem.server.ollama_schemas import (
     to_generate_request,
 )
 from agentmem.server.schemas import ChatCompletionRequest
-from agentmem.server.registry import ManyModels
 from agentmem.server.serving import find_agent, respond
 from agentmem.server.wire_errors import shaped_route
 
@@ -92,8 +91,6 @@ def _message(content: str, out: Outcome | None = None) -> dict[str, Any]:
 
 async def _loaded(eng: Engine, model: str | None) -> str:
     """Ollama's "load the model" answer to an empty call: the model's name, loaded (404: unknown)."""
-    if eng.team is None:
-        return eng.model_name
     seat = await eng.models.model_seat(eng.models.choose(model))
     seat.release()
     note_model(seat.name)
@@ -165,11 +162,10 @@ async def generate(req: GenerateRequest, request: Request, who: Principal = Depe
     )
 
 
-def _pool_model(eng: Engine) -> Any:
-    pool = eng.pool
-    if pool is None or pool.closed or not eng.ready:
+def _check_ready(eng: Engine) -> None:
+    """503 while the server's pool is not open (or is closing)."""
+    if not eng.ready:
         raise ApiError(503, "the model is not loaded", code="unavailable")
-    return pool
 
 
 def _details(model: Any) -> dict[str, Any]:
@@ -202,16 +198,15 @@ def _entry(name: str, pool: Any) -> dict[str, Any]:
 
 
 def _entries(eng: Engine) -> list[dict[str, Any]]:
-    """Several models: every model's entry, an unloaded one's from its file (blocking: may hash it once)."""
-    assert isinstance(eng.models, ManyModels)
-    out = []
-    for m in eng.models.team.models():
-        lease = eng.models.team.lease_if_loaded(m["name"])
+    """Every model's entry, an unloaded one's from its file (blocking: may hash it once)."""
+    pool, out = eng.models.pool(), []
+    for m in pool.models():
+        lease, name = pool.lease_if_loaded(m["name"]), eng.models.shown(m["name"])
         if lease is not None:
             with lease:
-                out.append(_entry(m["name"], lease.pool))
+                out.append(_entry(name, lease.pool))
         else:
-            out.append(_file_entry(m["name"], Path(m["path"]), model_fingerprint(m["path"]), _details(None)))
+            out.append(_file_entry(name, Path(m["path"]), model_fingerprint(m["path"]), _details(None)))
     return out
 
 
@@ -226,23 +221,21 @@ def _running(name: str, pool: Any) -> dict[str, Any]:
 async def tags(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
     """The models this server runs (with several: loaded or not)."""
     del who
-    if isinstance(eng.models, ManyModels):
-        return {"models": await eng.queue.call(_entries, eng)}
-    return {"models": [_entry(eng.model_name, _pool_model(eng))]}
+    _check_ready(eng)
+    return {"models": await eng.queue.call(_entries, eng)}
 
 
 @router.get("/api/ps")
 async def ps(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
     """The loaded models (one model stays loaded while the server runs; several load and unload)."""
     del who
-    if isinstance(eng.models, ManyModels):
-        models = eng.models
+    _check_ready(eng)
+    models = eng.models
 
-        def running() -> list[dict[str, Any]]:
-            return [_running(lease.name, lease.pool) for lease in models.each_loaded()]
+    def running() -> list[dict[str, Any]]:
+        return [_running(lease.name, lease.pool) for lease in models.each_loaded()]
 
-        return {"models": await eng.queue.call(running)}
-    return {"models": [_running(eng.model_name, _pool_model(eng))]}
+    return {"models": await eng.queue.call(running)}
 
 
 def _show(pool: Any, name: str) -> dict[str, Any]:
@@ -266,8 +259,7 @@ async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engin
     """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it;
     several: the one named, loaded for this if it is not)."""
     del who
-    if eng.team is None:
-        return _show(_pool_model(eng), eng.model_name)
+    _check_ready(eng)
     seat = await eng.models.model_seat(eng.models.choose(req.model or req.name))
     note_model(seat.name)
     try:

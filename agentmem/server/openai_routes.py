@@ -30,7 +30,7 @@ router = APIRouter()
 
 _MODEL_FIELDS = ("state", "device", "weights_bytes", "ctx_bytes", "agents", "in_use", "loads", "unloads",
                  "prefetch_loads", "last_load_s")
-"""What `/v1/models` says of each model, with several (`ModelPool.models()`; bytes: known once loaded)."""
+"""What `/v1/models` says of each model, with several (`MemoryPool.models()`; bytes: known once loaded)."""
 
 
 @router.post("/v1/chat/completions")

@@ -21,7 +21,7 @@ limit in `param` and counts only the key's own agents:
 ```
 
 Agents are counted from the pool (`MemoryPool.tenant_usage`, read in a worker thread;
-with several models, over every model: `registry.ManyModels.tenant_usage`)
+with several models, over every model: `MemoryPool.tenant_usage`)
 plus the new agents whose first call is admitted but not finished, so concurrent first
 calls cannot overshoot `max_agents`. A handoff's new destination counts as a new agent;
 the other agent actions never create agents (`Engine`: 404 for an unknown one).

@@ -5,7 +5,7 @@ the KV; the rest is evicted and archived with full-text search (`MemoryPool.reca
 An integration's memory (AutoGen's `AgentMemMemory`, MAF's `AgentMemContextProvider`)
 adds the facts it was given in one message that starts with `FACTS_HEADER` (the client
 pins it in the KV: `pin_facts`), and the evicted spans the latest message asks about in
-one that starts with `RECALL_HEADER` (`recall_spans`, `recall_block`). Over a `ModelPool`
+one that starts with `RECALL_HEADER` (`recall_spans`, `recall_block`). Over a `MemoryPool`
 the memories recall through `agentmem.models.seats.recall_on`, on the agent's model under a seat.
 """
 

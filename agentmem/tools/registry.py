@@ -125,32 +125,27 @@ def acquire(config: PoolConfig, factory: PoolFactory) -> tuple[Any, bool]:
 
 
 def hold_pool(pool: Any, pool_config: PoolConfig | Mapping[str, Any] | None, factory: PoolFactory, *,
-              pool_type: type, models_type: type | None = None) -> tuple[Any, bool]:
+              pool_type: type) -> tuple[Any, bool]:
     """The pool an integration object works on: the application's `pool` (registered), else `acquire`'s for `pool_config`.
 
     Args:
         pool: the application's pool, or `None`.
         pool_config: the configuration of a shared pool (when `pool` is `None`).
         factory: opens a pool for a configuration.
-        pool_type: the one-model pool class (`agentmem.MemoryPool`): registered, so that
-            other integrations with its configuration find it.
-        models_type: a pool-of-models class (`agentmem.ModelPool`) also accepted as `pool`;
-            held as it is and never registered (its models' pools are its own).
+        pool_type: the pool class (`agentmem.MemoryPool`, of one model or many): registered
+            by its (default model's) configuration, so that other integrations with it find it.
 
     Returns `(pool, owned)` as `acquire` does (`owned`: `release` it once when done).
 
     Raises:
         ValueError: both `pool` and `pool_config` given.
-        TypeError: `pool` is not a `pool_type` (nor a `models_type`).
+        TypeError: `pool` is not a `pool_type`.
     """
     if pool is not None and pool_config is not None:
         raise ValueError("pass either pool= (an open MemoryPool) or pool_config=, not both")
     if pool is not None:
-        if models_type is not None and isinstance(pool, models_type):
-            return pool, False
         if not isinstance(pool, pool_type):
-            kinds = "an agentmem.MemoryPool" + (" or an agentmem.ModelPool" if models_type is not None else "")
-            raise TypeError(f"pool must be {kinds}, got {type(pool).__name__}")
+            raise TypeError(f"pool must be an agentmem.MemoryPool, got {type(pool).__name__}")
         register(pool)
         return pool, False
     cfg = PoolConfig.from_dict(pool_config) if isinstance(pool_config, Mapping) else (pool_config or PoolConfig())

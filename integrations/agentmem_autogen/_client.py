@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncGenerator, Dict, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncGenerator, Iterable, Literal, Mapping, Optional, Sequence, Union
 
 from autogen_core import EVENT_LOGGER_NAME, CancellationToken, Component, MessageHandlerContext
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent
@@ -24,14 +24,15 @@ from autogen_core.models import (
     validate_model_info,
 )
 from autogen_core.tools import Tool, ToolSchema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from typing_extensions import Self
 
-from agentmem import ChatResult, ConfigError, MemoryPool, ModelPool, PoolConfig
-from agentmem.models import ModelLease, Pools
+from agentmem import ChatResult, ConfigError, MemoryPool, PoolConfig
+from agentmem.models import ModelLease
 from agentmem.models.seats import aseat, hold_pools, model_for, seat
 from agentmem.tools import release
 
+from ._config import AgentMemChatCompletionClientConfig
 from ._execute import execute
 from ._memory import pin_facts
 from ._hints import hold_after_call, learn_runtime_id, runtime_agent_id, selection_done, selection_started
@@ -44,40 +45,6 @@ event_logger = logging.getLogger(EVENT_LOGGER_NAME)
 
 FALLBACK_AGENT_ID = "autogen"
 """The KV slot of a client without `agent_id` used outside an AutoGen runtime."""
-
-
-class AgentMemChatCompletionClientConfig(BaseModel):
-    """Serializable configuration of `AgentMemChatCompletionClient` (`dump_component`)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    agent_id: Optional[str] = None
-    """Whose KV this client uses in the pool. `None`: the AutoGen agent making the call
-    (its runtime `AgentId`), so one client can serve a whole team."""
-    pool: Dict[str, Any] = Field(default_factory=dict)
-    """The pool's `agentmem.PoolConfig` as a dict; an open pool with the same
-    configuration in this process is reused instead of loading the model again."""
-    max_tokens: int = 256
-    """Tokens to generate at most per call (`extra_create_args` may override)."""
-    temperature: float = 0.0
-    """Sampling temperature; `0` is greedy (deterministic)."""
-    create_args: Dict[str, Any] = Field(default_factory=dict)
-    """Default sampling options: `top_k`, `top_p`, `min_p`, `repeat_penalty`,
-    `repeat_last_n`, `seed`, `stop`, `grammar` (GBNF)."""
-    parallel_tool_calls: bool = False
-    """Let one reply call several tools (default: one call per reply, which keeps a
-    small model from looping)."""
-    force_tools: bool = False
-    """Treat `tool_choice="auto"` as `"required"` when a call offers tools: every such
-    reply is a grammar-valid tool call. For small models that rarely decide to call a
-    tool on their own (AgentChat's AssistantAgent has no `tool_choice` argument)."""
-    speaker_selection: bool = False
-    """For the client of a `SelectorGroupChat`: constrain a reply to one of the candidate
-    names its selection prompt lists (`select the next role from ['pm', 'engineer'] ...`,
-    the last such list in the prompt), so a small model always names a valid speaker;
-    the candidates, then the answer, are told to the pool as hints (`MemoryPool.expect`)."""
-    model_info: Optional[ModelInfo] = None
-    """Overrides `AgentMemChatCompletionClient.DEFAULT_MODEL_INFO`."""
 
 
 class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatCompletionClientConfig]):
@@ -133,20 +100,20 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
     JSON: `json_output=True` constrains the reply to a JSON object,
     `json_output=SomeModel` to the pydantic model's schema.
 
-    Several models: `pool=` an `agentmem.ModelPool` runs each call on its agent's model
+    Several models: `pool=` a `MemoryPool` of several models runs each call on its agent's model
     (`model=` binds a new agent to one, else the pool's default), held loaded — never
     unloaded by the budget — until the reply is done or the stream is closed:
     ```python
-    team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+    team = MemoryPool(models={"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
     planner = AgentMemChatCompletionClient(team, agent_id="planner", model="planner")
     coder = AgentMemChatCompletionClient(team, agent_id="coder", model="coder")
     ```
 
     Args:
-        pool: the shared pool, or a `ModelPool`. `None`: the open pool of `pool_config` in this
+        pool: the shared pool, or a `MemoryPool` of several models. `None`: the open pool of `pool_config` in this
             process, loaded once if none is open (the clients that loaded it close it).
         agent_id: the agent whose KV this client uses; `None` = the calling AutoGen agent.
-        model: with a `ModelPool`, the model a new agent is bound to (`None`: the pool's
+        model: with a `MemoryPool` of several models, the model a new agent is bound to (`None`: the pool's
             default); a bound agent keeps its own, and naming another raises `ModelMismatchError`.
         pool_config: configuration of the pool to use when `pool` is `None`
             (a `agentmem.PoolConfig` or a dict of its fields).
@@ -182,7 +149,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     def __init__(
         self,
-        pool: MemoryPool | ModelPool | None = None,
+        pool: MemoryPool | None = None,
         *,
         agent_id: str | None = None,
         model: str | None = None,
@@ -223,13 +190,13 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ properties
     @property
-    def pool(self) -> Pools:
-        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
+    def pool(self) -> MemoryPool:
+        """The `agentmem.MemoryPool` this object works on (the shared one, or the one given)."""
         return self._pool
 
     @property
     def model(self) -> str | None:
-        """The `ModelPool` model a new agent of this client is bound to (`None`: the default)."""
+        """The model a new agent of this client is bound to (`None`: the default)."""
         return self._model
 
     @property
@@ -247,9 +214,9 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
 
     # ------------------------------------------------------------------ component
     def _to_config(self) -> AgentMemChatCompletionClientConfig:
-        if isinstance(self._pool, ModelPool):
-            raise ConfigError("pool: a client over a ModelPool cannot be dumped as a component "
-                              "(the ModelPool is the application's; build the client in code)")
+        if len(self._pool.names) > 1:
+            raise ConfigError("pool: a client over a pool of several models cannot be dumped as a component "
+                              "(the pool is the application's; build the client in code)")
         return AgentMemChatCompletionClientConfig(
             agent_id=self._agent_id,
             pool=self._pool.config.to_dict(),
@@ -295,7 +262,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         return max(0, capacity - used)
 
     def _count(self, messages: Sequence[LLMMessage], tools: Sequence[Tool | ToolSchema]) -> tuple[int, int]:
-        """`(prompt tokens, agent capacity)` on the agent's model (a `ModelPool`'s is loaded for it; nothing is bound)."""
+        """`(prompt tokens, agent capacity)` on the agent's model (a `MemoryPool` of several models's is loaded for it; nothing is bound)."""
         agent = self._resolve_agent_id()
         with seat(self._pool, None, model=model_for(self._pool, agent, self._model)) as lease:
             pool = lease.pool
@@ -329,7 +296,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
             ValueError: bad messages, tools, `tool_choice`, `json_output` or create args.
             asyncio.CancelledError: `cancellation_token` was cancelled (generation stops).
             agentmem.ContextOverflowError: the prompt does not fit the agent's capacity.
-            agentmem.ModelMismatchError: on a `ModelPool`, the agent is bound to another model than `model`.
+            agentmem.ModelMismatchError: on a `MemoryPool` of several models, the agent is bound to another model than `model`.
         """
         sampling = self._sampling(extra_create_args)
         agent = self._resolve_agent_id()
@@ -363,7 +330,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         """Like `create`, yielding text pieces as they are generated and the `CreateResult` last.
 
         A reply that is a tool call yields no text pieces (its calls are in the result).
-        On a `ModelPool` the model stays held until the stream ends or is closed.
+        On a `MemoryPool` of several models the model stays held until the stream ends or is closed.
         """
         sampling = self._sampling(extra_create_args)
         agent = self._resolve_agent_id()
@@ -450,7 +417,7 @@ class AgentMemChatCompletionClient(ChatCompletionClient, Component[AgentMemChatC
         """`execute` on `pool` (the seat's), counting the call's tokens before its result is yielded.
 
         Hints for the pool (see `agentmem_autogen._hints`): a selection call expects its
-        candidates, then its answer (told to this client's pool, a `ModelPool` too); a
+        candidates, then its answer (told to this client's pool, a `MemoryPool` of several models too); a
         reply that is a tool call holds the agent on its model's pool.
         """
         candidates = candidate_names(plan.messages) if self._speaker_selection else []
@@ -478,12 +445,12 @@ def _open_pool(config: PoolConfig) -> MemoryPool:
 
 
 def clients_for(
-    pool: MemoryPool | ModelPool, agent_ids: Iterable[str], **options: Any
+    pool: MemoryPool, agent_ids: Iterable[str], **options: Any
 ) -> dict[str, AgentMemChatCompletionClient]:
     """One client per agent over one pool: `{agent_id: client}`.
 
     Args:
-        pool: the shared pool (a `ModelPool` too: pass `model=` to bind them all to one model).
+        pool: the shared pool (a `MemoryPool` of several models too: pass `model=` to bind them all to one model).
         agent_ids: distinct ids (give a `SelectorGroupChat`'s selector one of its own).
         **options: keyword arguments for every client (`max_tokens`, `temperature`,
             `create_args`, ...).

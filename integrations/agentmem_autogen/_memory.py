@@ -7,7 +7,7 @@ in the KV; the rest is evicted, and its text is archived with full-text search
 call `update_context` searches the agent's evicted text for what the latest message
 asks about and adds the best spans to the model context, and keeps the facts given
 to `add` in one system message that the agent's client pins in the KV (never
-evicted). Over a `ModelPool` each recall runs on the agent's model, held for it
+evicted). Over a `MemoryPool` of several models each recall runs on the agent's model, held for it
 (`agentmem.models.seats.recall_on`), and the client pins the facts on that model's pool.
 """
 
@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 import agentmem.validation as check
-from agentmem import ConfigError, MemoryPool, ModelPool, PoolConfig
-from agentmem.models.seats import Pools, hold_pools
+from agentmem import ConfigError, MemoryPool, PoolConfig
+from agentmem.models.seats import hold_pools
 from agentmem.tools import release
 from agentmem.models.seats import recall_on
 from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER, facts_block, pin_facts_sync
@@ -109,24 +109,24 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
     `region` and its ledger positions). `clear()` forgets the facts; evicted text stays
     in the archive with the agent's history (`MemoryPool.forget` drops it).
 
-    Over a `ModelPool` (`pool=ModelPool(...)`, `model=` as the client's): each recall runs
+    Over a `MemoryPool` of several models (`pool=MemoryPool(models=...)`, `model=` as the client's): each recall runs
     on the pool of the model the agent is bound to, held loaded for the search and
     released after; it binds nothing and counts as no call (an agent not bound yet has
     nothing evicted: nothing is recalled, no model loaded). Such a memory cannot be
     dumped as a component.
 
     Args:
-        pool: the shared pool, or a `ModelPool` (`None`: the open pool of `pool_config`, loaded once).
+        pool: the shared pool, or a `MemoryPool` of several models (`None`: the open pool of `pool_config`, loaded once).
         agent_id: the agent (its client's `agent_id`).
-        model: with a `ModelPool`, the agent's model (`None`: whichever it is bound to).
+        model: with a `MemoryPool` of several models, the agent's model (`None`: whichever it is bound to).
         pool_config: configuration of the pool when `pool` is `None`.
         name: identifier of the memory.
         k: spans recalled per call (0 turns recall off).
         facts: initial facts.
 
     Raises:
-        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `ModelPool`.
-        agentmem.errors.UnknownModelError: the `ModelPool` holds no model `model`.
+        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `MemoryPool` of several models.
+        agentmem.errors.UnknownModelError: the pool holds no model `model`.
         agentmem.errors.ModelMismatchError: (`query`, `update_context`) the agent is bound to another model.
     """
 
@@ -136,7 +136,7 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
 
     def __init__(
         self,
-        pool: Pools | None = None,
+        pool: MemoryPool | None = None,
         *,
         agent_id: str,
         model: str | None = None,
@@ -241,9 +241,9 @@ class AgentMemMemory(Memory, Component[AgentMemMemoryConfig]):
 
     # ------------------------------------------------------------------ component
     def _to_config(self) -> AgentMemMemoryConfig:
-        if isinstance(self._pool, ModelPool):
-            raise ConfigError("pool: a memory over a ModelPool cannot be dumped as a component "
-                              "(the ModelPool is the application's; build the memory in code)")
+        if len(self._pool.names) > 1:
+            raise ConfigError("pool: a memory over a pool of several models cannot be dumped as a component "
+                              "(the pool is the application's; build the memory in code)")
         return AgentMemMemoryConfig(agent_id=self._agent_id, pool=self._pool.config.to_dict(), name=self._name,
                                     k=self._k, facts=list(self._facts))
 

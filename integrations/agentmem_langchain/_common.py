@@ -15,7 +15,7 @@ from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig, resolve_
 from agentmem import tools as _tools
 from agentmem import validation as check
 from agentmem.calls import turns_for
-from agentmem.models import ModelLease, ModelPool, Pools
+from agentmem.models import ModelLease
 from agentmem.models.seats import aseat, check_model, model_for, model_name, seat
 
 from ._hints import GraphFollower, follower_for, hold_after_reply
@@ -97,17 +97,17 @@ class AgentMemFields(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    pool: MemoryPool | ModelPool | None = Field(default=None, exclude=True)
-    """The `agentmem.MemoryPool` to run on, or an `agentmem.ModelPool` (agents on
+    pool: MemoryPool | None = Field(default=None, exclude=True)
+    """The `agentmem.MemoryPool` to run on, or a `MemoryPool` of several models (agents on
     several models: each call runs on its agent's model, held loaded until the reply
     ends). Several model objects (one per agent) can share one pool. `None`: a
     process-wide pool for `model_path` and `pool_options`, created on first use
     (constructing this object loads nothing)."""
 
     model: str | None = None
-    """With a `ModelPool`: the model a new agent is bound to on its first call
+    """With a `MemoryPool` of several models: the model a new agent is bound to on its first call
     (`None`: the pool's default); a bound agent keeps its model, and naming
-    another raises `ModelMismatchError`. Only with `pool=ModelPool(...)`."""
+    another raises `ModelMismatchError`. Only with `pool=MemoryPool(models=...)`."""
 
     model_path: str | None = None
     """GGUF file of the shared pool (ignored when `pool` is given); `None` =
@@ -188,8 +188,8 @@ class AgentMemFields(BaseModel):
         return self
 
     # ------------------------------------------------------------------ pool and names
-    def get_pool(self) -> Pools:
-        """The pool this object runs on: `pool` as given (a `ModelPool` too), else the shared pool (created on first use)."""
+    def get_pool(self) -> MemoryPool:
+        """The pool this object runs on: `pool` as given (a `MemoryPool` of several models too), else the shared pool (created on first use)."""
         if self.pool is not None:
             return self.pool
         return shared_pool(self.model_path, **self.pool_options)
@@ -212,20 +212,17 @@ class AgentMemFields(BaseModel):
         return self.model_name or seat.name or self.resolved_model_name()
 
     def resolved_model_name(self) -> str:
-        """`model_name`; else, on a `ModelPool`, the model of this object's agent (its binding, `model`,
-        else the default); else the model file's stem (`gemma-3-270m-q4_k_m`)."""
+        """`model_name`; else, on a pool, the model of this object's agent (its binding, `model`, else the
+        default: in a pool of one, the model file's stem); without one, the stem of `model_path`'s file."""
         if self.model_name:
             return self.model_name
-        if isinstance(self.pool, ModelPool):
+        if self.pool is not None:
             return model_name(self.pool, self.agent_id, self.model)
         if self._model_name is None:
-            if self.pool is not None:
-                self._model_name = Path(self.pool.model_path).stem
-            else:
-                try:
-                    self._model_name = resolve_model_path(self.model_path).stem
-                except AgentMemError:
-                    self._model_name = Path(self.model_path).stem if self.model_path else "agentmem-default"
+            try:
+                self._model_name = resolve_model_path(self.model_path).stem
+            except AgentMemError:
+                self._model_name = Path(self.model_path).stem if self.model_path else "agentmem-default"
         return self._model_name
 
     def get_token_ids(self, text: str) -> list[int]:

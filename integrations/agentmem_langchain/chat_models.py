@@ -20,7 +20,7 @@ from langchain_core.language_models.model_profile import ModelProfile
 
 from agentmem import MemoryPool, PoolConfig
 from agentmem.calls import CallOutcome, CallRunner
-from agentmem.models import ModelLease, ModelPool
+from agentmem.models import ModelLease
 from agentmem.models.seats import model_for
 
 from ._common import AgentMemFields, timings_dict, usage_dict
@@ -80,9 +80,9 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
 
     Several models (each call runs on its agent's model, held loaded until the reply ends):
         ```python
-        from agentmem.models import ModelPool
+        from agentmem import MemoryPool
 
-        team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+        team = MemoryPool(models={"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
         planner = ChatAgentMem(pool=team, agent_id="plan", model="planner")
         coder = ChatAgentMem(pool=team, agent_id="code", model="coder")
         planner.invoke("Plan a page.").response_metadata["model_name"]   # 'planner'
@@ -142,11 +142,13 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         else the per-agent capacity (`agent_capacity`, else `n_ctx`). Known without
         loading the model when built from `pool_options`.
         """
-        if isinstance(self.pool, ModelPool):  # the model's configuration: nothing is loaded for it
-            cfg = self.pool.config_of(model_for(self.pool, self.agent_id, self.model) or "")
+        if self.pool is not None:  # the loaded model's capacity, else its configuration's: nothing is loaded
+            name = model_for(self.pool, self.agent_id, self.model)
+            cfg, lease = self.pool.config_of(name), self.pool.lease_if_loaded(name)
             capacity = cfg.agent_capacity or cfg.n_ctx
-        elif self.pool is not None:
-            cfg, capacity = self.pool.config, self.pool.capacity
+            if lease is not None:
+                with lease:
+                    capacity = lease.pool.capacity
         else:
             cfg = PoolConfig.build(**({"model_path": self.model_path} if self.model_path else {}), **self.pool_options)
             capacity = cfg.agent_capacity or cfg.n_ctx
@@ -267,8 +269,8 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
         sampling = self._sampling_from(kwargs, stop)
         msgs = to_pool_messages(messages)
         if pool is None:
-            pool = self.get_pool()
-            assert isinstance(pool, MemoryPool), "a call on a ModelPool plans on its seat's pool"
+            pools = self.get_pool()
+            pool = pools.engine(model_for(pools, agent, self.model))
         _rewrite_watch.check(pool, agent, messages, msgs)
         return plan_call(agent, msgs, sampling, pool.tool_format, kwargs)
 
@@ -305,7 +307,7 @@ class ChatAgentMem(AgentMemFields, BaseChatModel):
 
     # ------------------------------------------------------------------ LangChain hooks
     # Each hook takes the seat of its agent's model (`agentmem.models.seat`: a `MemoryPool` as it
-    # is, or a lease on a `ModelPool`'s model, released when the reply ends or the stream closes),
+    # is, or a lease on a `MemoryPool` of several models's model, released when the reply ends or the stream closes),
     # then runs the one protocol (`agentmem.calls`) on its pool: plan, generate, read, retry, write back.
     def _generate(
         self,

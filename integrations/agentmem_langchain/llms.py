@@ -24,7 +24,7 @@ _CALL_KEYS = {"agent_id", "max_tokens", "temperature", "top_k", "top_p", "min_p"
 class AgentMemLLM(AgentMemFields, BaseLLM):
     """Prompt-string LLM on an agentmem pool: raw completion, no chat template.
 
-    Same agent identity, pool sharing (a `ModelPool` with `model=` too), streaming and
+    Same agent identity, pool sharing (a `MemoryPool` of several models with `model=` too), streaming and
     async as `agentmem_langchain.ChatAgentMem`. Each agent's KV holds its last
     prompt + completion, so a prompt that *extends* the previous one (a growing
     transcript) decodes only the new text.

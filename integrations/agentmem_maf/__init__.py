@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "install it with: pip install 'agentmem-kv[maf]'"
     ) from exc
 
-from agentmem import MemoryPool, ModelPool
+from agentmem import MemoryPool
 
 from ._client import AgentMemChatClient
 from ._identity import FALLBACK_AGENT_ID
@@ -49,11 +49,11 @@ from ._memory import AgentMemContextProvider
 __all__ = ["FALLBACK_AGENT_ID", "AgentMemChatClient", "AgentMemContextProvider", "clients_for"]
 
 
-def clients_for(pool: MemoryPool | ModelPool, agent_ids: Iterable[str], **options: Any) -> dict[str, AgentMemChatClient]:
+def clients_for(pool: MemoryPool, agent_ids: Iterable[str], **options: Any) -> dict[str, AgentMemChatClient]:
     """One client per agent over one pool: `{agent_id: client}`.
 
     Args:
-        pool: the shared pool (a `ModelPool` too: pass `model=` to bind them all to one model).
+        pool: the shared pool (a `MemoryPool` of several models too: pass `model=` to bind them all to one model).
         agent_ids: distinct ids (use the agents' names).
         **options: keyword arguments for every client (`max_tokens`, `temperature`, ...).
 

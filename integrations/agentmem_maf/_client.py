@@ -25,9 +25,9 @@ from agent_framework import (
 from agent_framework.observability import ChatTelemetryLayer
 
 import agentmem.validation as check
-from agentmem import AgentMemError, ChatResult, MemoryPool, ModelPool, PoolConfig
+from agentmem import AgentMemError, ChatResult, MemoryPool, PoolConfig
 from agentmem.calls import CallOutcome, CallPlan, CallRunner
-from agentmem.models import Pools
+
 from agentmem.models.seats import aseat, hold_pools, model_name
 from agentmem.tools import release
 
@@ -98,19 +98,19 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     this client (the first one); else the id of the session the caller passed; else
     `"maf"` (see `agentmem_maf._identity`). Give each agent its own client.
 
-    Several models: `pool=` an `agentmem.ModelPool` runs each call on its agent's model
+    Several models: `pool=` a `MemoryPool` of several models runs each call on its agent's model
     (`model=` binds a new agent to one, else the pool's default), held loaded until the
     response is done or its stream is closed; responses carry the model's name:
     ```python
-    team = ModelPool({"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
+    team = MemoryPool(models={"planner": "gemma-3-270m", "coder": "qwen2.5-coder-0.5b-instruct"})
     coder = Agent(client=AgentMemChatClient(team, model="coder"), name="coder", instructions="...")
     ```
 
     Args:
-        pool: the shared pool, or a `ModelPool`. `None`: the open pool of `pool_config` in
+        pool: the shared pool, or a `MemoryPool` of several models. `None`: the open pool of `pool_config` in
             this process, loaded once if none is open (the clients that loaded it close it).
         agent_id: the pool agent of every call of this client; `None` = the rule above.
-        model: with a `ModelPool`, the model a new agent is bound to (`None`: the pool's
+        model: with a `MemoryPool` of several models, the model a new agent is bound to (`None`: the pool's
             default); a bound agent keeps its own, and naming another raises `ModelMismatchError`.
         pool_config: configuration of the pool when `pool` is `None`
             (a `agentmem.PoolConfig` or a dict of its fields).
@@ -135,7 +135,7 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     def __init__(
         self,
-        pool: MemoryPool | ModelPool | None = None,
+        pool: MemoryPool | None = None,
         *,
         agent_id: str | None = None,
         model: str | None = None,
@@ -156,14 +156,12 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         self._parallel = bool(parallel_tool_calls)
         self._agent_tools: dict[str, list[dict[str, Any]]] = {}  # agent id -> tools last shown to it
         self._closed = False
-        # one runner on a MemoryPool; on a ModelPool, one per call, on its seat's pool
-        self._runner = CallRunner(self._pool, on_result=self._record) if isinstance(self._pool, MemoryPool) else None
         self.last_result: ChatResult | None = None
         self.on_result: Callable[[str, ChatResult], None] | None = None
 
     @property
-    def pool(self) -> Pools:
-        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
+    def pool(self) -> MemoryPool:
+        """The `agentmem.MemoryPool` this object works on (the shared one, or the one given)."""
         return self._pool
 
     @property
@@ -181,7 +179,7 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
 
     @property
     def model_name(self) -> str:
-        """The model file's name (the `model` of every response); on a `ModelPool`, the name of
+        """The model file's name (the `model` of every response); on a `MemoryPool` of several models, the name of
         this client's agent's model (each response carries the model it ran on)."""
         return model_name(self._pool, self.agent_id, self._model)
 
@@ -249,14 +247,14 @@ class AgentMemChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
         """Text pieces a caller may show, then `(CallOutcome, model name)` (the core protocol, `agentmem.calls`).
 
         The call runs on its agent's seat (`agentmem.models.aseat`): this pool as it is, or a lease
-        on the agent's model in a `ModelPool`, released once the outcome is out or the caller left.
+        on the agent's model in a `MemoryPool` of several models, released once the outcome is out or the caller left.
         """
         if self._closed:
             raise RuntimeError("this AgentMemChatClient is closed")
         opts = await self._validate_options(options)
         with await aseat(self._pool, agent, model=self._model) as lease:
             plan = await self._plan(lease.pool, agent, messages, opts)
-            runner = self._runner or CallRunner(lease.pool, on_result=self._record)
+            runner = CallRunner(lease.pool, on_result=self._record)  # the engine's turns are shared (`turns_for`)
             async with contextlib.aclosing(runner.arun(plan)) as events:  # closed early: generation stops
                 async for kind, value in events:
                     if kind == "text":

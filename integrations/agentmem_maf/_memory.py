@@ -11,7 +11,7 @@ the best spans as a system message ahead of the input.
 
 Both are placed so the agent's KV stays a prefix: the facts at the start of the prompt
 (they change only when a fact is added), the recalled text with the new input, which the
-session's history keeps from then on. Over a `ModelPool` each recall runs on the agent's
+session's history keeps from then on. Over a `MemoryPool` of several models each recall runs on the agent's
 model, held for it (`agentmem.models.seats.recall_on`), and the client pins the facts on
 that model's pool.
 """
@@ -27,7 +27,7 @@ from agent_framework import ContextProvider, Message
 
 import agentmem.validation as check
 from agentmem import MemoryPool, PoolConfig
-from agentmem.models.seats import Pools, hold_pools
+from agentmem.models.seats import hold_pools
 from agentmem.tools import release
 from agentmem.models.seats import recall_on
 from agentmem.tools.recall import facts_block, is_memory_text, pin_facts_sync, recall_block
@@ -83,29 +83,29 @@ class AgentMemContextProvider(ContextProvider):
     `agent_id=` if given, else the client's `agent_id` (or its agent's name), else the
     agent's name, else the session's id.
 
-    Over a `ModelPool` (`pool=ModelPool(...)`, `model=` as the client's): each recall runs
+    Over a `MemoryPool` of several models (`pool=MemoryPool(models=...)`, `model=` as the client's): each recall runs
     on the pool of the model the agent is bound to, held loaded for the search and
     released after; it binds nothing and counts as no call (an agent not bound yet has
     nothing evicted: nothing is recalled, no model loaded).
 
     Args:
-        pool: the shared pool, or a `ModelPool` (`None`: the open pool of `pool_config`, loaded once).
+        pool: the shared pool, or a `MemoryPool` of several models (`None`: the open pool of `pool_config`, loaded once).
         agent_id: the pool agent whose archive is read; `None` = the agent's (see above).
-        model: with a `ModelPool`, the agent's model (`None`: whichever it is bound to).
+        model: with a `MemoryPool` of several models, the agent's model (`None`: whichever it is bound to).
         pool_config: configuration of the pool when `pool` is `None`.
         source_id: MAF's id of this provider (its messages' attribution, its session state).
         k: spans recalled per run at most (`0` turns recall off).
         facts: initial facts.
 
     Raises:
-        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `ModelPool`.
-        agentmem.errors.UnknownModelError: the `ModelPool` holds no model `model`.
+        agentmem.ConfigError: a malformed `agent_id` or `k`; `model` without a `MemoryPool` of several models.
+        agentmem.errors.UnknownModelError: the pool holds no model `model`.
         agentmem.errors.ModelMismatchError: (`recall`, `before_run`) the agent is bound to another model.
     """
 
     def __init__(
         self,
-        pool: Pools | None = None,
+        pool: MemoryPool | None = None,
         *,
         agent_id: str | None = None,
         model: str | None = None,
@@ -128,8 +128,8 @@ class AgentMemContextProvider(ContextProvider):
         self._closed = False
 
     @property
-    def pool(self) -> Pools:
-        """The shared `agentmem.MemoryPool`, or the `agentmem.ModelPool` given."""
+    def pool(self) -> MemoryPool:
+        """The `agentmem.MemoryPool` this object works on (the shared one, or the one given)."""
         return self._pool
 
     @property

@@ -43,7 +43,7 @@ async def test_an_evicted_fact_comes_back_into_the_context(instruct_model_path, 
         await agent.run(task="Note this down: the storage room code is 4917.")
         for q in FILLER:
             await agent.run(task=q)
-        live = pool.model.detokenize(pool.tokens("clerk"))
+        live = pool.engine().model.detokenize(pool.tokens("clerk"))
         # the sentence stating the fact is out of the KV (a stray token of the reply may stay)
         assert "storage room" not in live, f"the fact is still in the KV: nothing to recall: {live!r}"
         assert pool.stats()["agents"]["clerk"]["evicted_tokens"] > 0

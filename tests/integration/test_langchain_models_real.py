@@ -4,7 +4,7 @@ A planner on Gemma 3 270M and a coder on Qwen2.5-Coder-0.5B-Instruct, one
 `ChatAgentMem` each over one `ModelPool`; their calls alternate between the models and
 each agent's later calls (the third one streamed) read its earlier calls' KV. The fakes in
 `tests/unit/test_langchain_models.py` pin the leases; this is the real run that
-`docs/models.md` ("LangChain, AutoGen and MAF over a ModelPool") quotes.
+`docs/models.md` ("LangChain, AutoGen and MAF over a pool of several models") quotes.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_handoff_same_as_own_prefill_and_source_unaffected(default_model_path):
         src_hist = p.history_tokens("planner")
         card = p.handoff("planner", "coder")
         # (per-sequence streams, `pytest --kv-layout per_sequence`, copy the live source's state)
-        assert card.mode == ("shared" if p.ctx.params.kv_unified else "copied")
+        assert card.mode == ("shared" if p.engine().ctx.params.kv_unified else "copied")
         assert card.src == "planner" and card.dst == "coder" and card.seq_no == 1
         assert card.n_tokens == len(src_hist) == card.n_live
         assert p.history_tokens("coder") == src_hist and card.verify(np.asarray(src_hist, np.int32))
@@ -142,7 +142,7 @@ async def test_isolation_under_concurrency(default_model_path):
         tot = p.stats()["totals"]
         ledgers = [p.tokens(f"agent{i}") for i in range(4)]
         prompts = [p.renderer.render(msgs(i)).tokens for i in range(4)]
-        texts = [p.model.detokenize(t) for t in ledgers]
+        texts = [p.engine().model.detokenize(t) for t in ledgers]
     assert tot["max_batch"] >= 2, tot  # they really decoded together
     assert tot["shared_prefix_hits"] >= 4 - 1  # at least the idle share was a donor
     for i, r in enumerate(res):

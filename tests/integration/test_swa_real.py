@@ -30,7 +30,7 @@ def test_a_restored_gemma_agent_continues_from_the_kv_of_a_fresh_prefill(gemma_m
     with MemoryPool(gemma_model_path, **OPTS) as p:
         r1 = p.chat("a", FIRST, max_tokens=12)
         assert len(r1.tokens) == 12, (r1.finish_reason, r1.text)
-        cut = p.model.detokenize(r1.tokens[:7])  # the app re-sends the reply's first 7 tokens
+        cut = p.engine().model.detokenize(r1.tokens[:7])  # the app re-sends the reply's first 7 tokens
         follow = FIRST + [{"role": "assistant", "content": cut}, {"role": "user", "content": "Question 2: and the last word?"}]
         p.chat("b", [{"role": "user", "content": "hello"}], max_tokens=2)  # parks a (one live sequence)
         with after_reconcile(p) as seen, first_logits(p) as logits:

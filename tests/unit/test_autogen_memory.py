@@ -45,7 +45,7 @@ async def test_facts_reach_the_context_once_and_are_pinned_in_the_kv(pool):
     ctx = await agent._model_context.get_messages()
     facts = [m for m in ctx if isinstance(m, SystemMessage) and m.content.startswith(FACTS_HEADER)]
     assert len(facts) == 1 and "ACME" in facts[0].content and '{"budget": 5}' in facts[0].content
-    led = pool._core.agent("analyst").ledger
+    led = pool.engine()._core.agent("analyst").ledger
     assert led.pinned[: len(led)].any(), "the facts message is pinned"
     hits = await memory.query("who is the customer")
     assert [r.metadata["source"] for r in hits.results] == ["fact"] and "ACME" in hits.results[0].content

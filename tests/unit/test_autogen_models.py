@@ -72,13 +72,13 @@ def test_construction_checks_the_model_and_counting_binds_nothing(
         model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     with pytest.raises(UnknownModelError):
         AgentMemChatCompletionClient(model_team, agent_id="x", model="huge")
-    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
-        AgentMemChatCompletionClient(tiny_model_pools["small"], agent_id="x", model="small")
+    with pytest.raises(UnknownModelError):  # a pool of one holds its model only
+        AgentMemChatCompletionClient(FakeModelPool({"small": tiny_model_pools["small"]}), agent_id="x", model="big")
     client = AgentMemChatCompletionClient(model_team, agent_id="ag-count", model="big")
     assert client.pool is model_team and client.model == "big"
     assert client.count_tokens(MSGS) > 0 and client.remaining_tokens(MSGS) == 1024 - client.count_tokens(MSGS)
     assert model_team.model_of("ag-count") is None and model_team.fake_tier.held == 0
-    with pytest.raises(ConfigError, match="pool: a client over a ModelPool cannot be dumped"):
+    with pytest.raises(ConfigError, match="pool: a client over a pool of several models cannot be dumped"):
         client.dump_component()
     both = clients_for(model_team, ["ag-a", "ag-b"], model="small")
     assert {c.model for c in both.values()} == {"small"}
@@ -120,8 +120,8 @@ def test_memory_construction_checks_the_model(
         model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     with pytest.raises(UnknownModelError):
         AgentMemMemory(model_team, agent_id="x", model="huge")
-    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
-        AgentMemMemory(tiny_model_pools["small"], agent_id="x", model="small")
-    with pytest.raises(ConfigError, match="pool: a memory over a ModelPool cannot be dumped"):
+    with pytest.raises(UnknownModelError):  # a pool of one holds its model only
+        AgentMemMemory(FakeModelPool({"small": tiny_model_pools["small"]}), agent_id="x", model="big")
+    with pytest.raises(ConfigError, match="pool: a memory over a pool of several models cannot be dumped"):
         AgentMemMemory(model_team, agent_id="x", model="big").dump_component()
     assert model_team.model_of("x") is None and model_team.fake_tier.log == []

@@ -110,7 +110,7 @@ def test_a_prefetch_that_parks_another_agent_keeps_its_own_state(tiny_model_path
     with MemoryPool(tiny_model_path, resident_agents=1, prefetch=False, n_ctx=1024, n_batch=64, n_threads=1) as pool:
         pool.chat("b", conv("b"), max_tokens=2)
         pool.chat("a", conv("a"), max_tokens=2)  # b parked
-        core, mover = pool._core, pool._mover
+        core, mover = pool.engine()._core, pool.engine()._mover
         seen: list[int] = []
         real = mover.residency.acquire
 

@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 
 import httpx  # noqa: E402
 
+from agentmem import MemoryPool  # noqa: E402
 from agentmem.cluster import ClusterPool, LeaseKeeper, Replica  # noqa: E402
 from agentmem.cluster.audit import lease_intervals, overlaps  # noqa: E402
 from agentmem.errors import ConfigError  # noqa: E402
@@ -32,13 +33,14 @@ TTL = 3.0
 
 @pytest.fixture
 def replica(tiny_model_path: Path, tmp_path: Path) -> Any:
-    pool = ClusterPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1,
-                       archive_path=str(tmp_path / "shared.db"), cold_codec="f16")
+    served = MemoryPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1,
+                        archive_path=str(tmp_path / "shared.db"), cold_codec="f16", open_engine=ClusterPool)
+    pool = served.engine()  # the replica's engine: its lease store, fence and reloads
     keeper = LeaseKeeper(pool.archive, owner="r0", ttl_s=TTL, wait_s=0.5)
     rep = Replica(pool, keeper, durability="call")
     settings = ServerSettings(model_name="tiny", default_max_tokens=8, cluster=True, durability="call",
                               replica_id="r0", lease_ttl_s=TTL)
-    app = create_app(pool, settings=settings, replica=rep, own_pool=True)
+    app = create_app(served, settings=settings, replica=rep, own_pool=True)
     with ServerThread(app) as srv:
         srv.pool, srv.keeper = pool, keeper
         srv.other = LeaseKeeper(pool.archive, owner="r1", ttl_s=TTL, wait_s=0.2)
@@ -125,11 +127,12 @@ def test_lazy_durability_commits_the_ledger_per_call_and_the_state_at_idle_relea
                                                                                    tmp_path: Path) -> None:
     import time
 
-    pool = ClusterPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1,
-                       archive_path=str(tmp_path / "lazy.db"), cold_codec="f16")
+    served = MemoryPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1,
+                        archive_path=str(tmp_path / "lazy.db"), cold_codec="f16", open_engine=ClusterPool)
+    pool = served.engine()
     keeper = LeaseKeeper(pool.archive, owner="r0", ttl_s=TTL, idle_s=0.3)
     settings = ServerSettings(model_name="tiny", cluster=True, durability="lazy", replica_id="r0", lease_ttl_s=TTL)
-    app = create_app(pool, settings=settings, replica=Replica(pool, keeper, durability="lazy"), own_pool=True)
+    app = create_app(served, settings=settings, replica=Replica(pool, keeper, durability="lazy"), own_pool=True)
     with ServerThread(app) as srv:
         srv.pool = pool
         assert chat(srv, "x", "one").status_code == 200

@@ -409,7 +409,7 @@ def rendered_view(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             msgs.append({"role": "assistant", "content": r.text})
         msgs.append({"role": "user", "content": "what is the vault code?"})
         p.chat("a", msgs, max_tokens=0)
-        return p._decoder.trimmer.view(p._core.agents["a"])
+        return p.engine()._decoder.trimmer.view(p.engine()._core.agents["a"])
 
 
 @pytest.mark.parametrize("frac,block", [(0.0, 32), (0.3, 32), (0.5, 16), (0.5, 1), (0.9, 64)])

@@ -43,10 +43,10 @@ def test_budget_respected_and_kv_matches_ledger(chat_model, policy):
         assert st["evictions"] >= 1 and st["evicted_tokens"] > 0
         assert st["live_tokens"] <= 256
         assert st["tokens"] == r.usage.prompt_tokens + r.usage.completion_tokens - (r.finish_reason == "length")
-        seq = p._core.agents["a"].seq
+        seq = p.engine()._core.agents["a"].seq
         # positions stay contiguous: the KV ends exactly at the ledger's live count
-        assert p.ctx.seq_pos_max(seq) == st["live_tokens"] - 1
-        assert p.ctx.seq_pos_min(seq) == 0
+        assert p.engine().ctx.seq_pos_max(seq) == st["live_tokens"] - 1
+        assert p.engine().ctx.seq_pos_min(seq) == 0
         # the whole history is still matched: the next turn reuses it (no re-decode of evicted spans)
         msgs2 = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": "thanks"}]
         r2 = p.chat("a", msgs2, max_tokens=4)
@@ -58,7 +58,7 @@ def test_pinned_messages_are_never_evicted(chat_model):
     with MemoryPool(tiny_model_path, chat_format=chat_format, n_ctx=2048, resident_agents=1, n_batch=64, prefetch=False,
                     agent_budget_tokens=200, eviction="sliding_window") as p:
         p.chat("a", long_conv(20, pin_first=True), max_tokens=2)
-        led = p._core.agents["a"].ledger
+        led = p.engine()._core.agents["a"].ledger
         assert led.live[led.pinned].all() and led.pinned.any()
 
 
@@ -118,14 +118,14 @@ def test_region_decay_keeps_the_system_prompt_in_an_agent_loop(chat_model):
     with MemoryPool(tiny_model_path, chat_format=chat_format, n_ctx=4096, resident_agents=1, n_batch=64,
                     prefetch=False, agent_budget_tokens=400, eviction="region_decay") as p:
         agent_loop(p, 12)
-        a = p._core.agents["a"]
+        a = p.engine()._core.agents["a"]
         led = a.ledger
         assert a.counters["evictions"] >= 3
         sys_span = led.regions == REGION_CODE["system"]
         assert sys_span.any() and led.live[sys_span].all(), f"system evicted: {led.live[sys_span].sum()} of {sys_span.sum()} live"
         # only the newest call's generation prompt (and a BOS) may still be glue: earlier ones
         # were re-tagged with the assistant message the next prompt rendered them into
-        glue = [i for i in np.flatnonzero(led.messages < 0).tolist() if i > 0 or not p.model.add_bos]
+        glue = [i for i in np.flatnonzero(led.messages < 0).tolist() if i > 0 or not p.engine().model.add_bos]
         last_reply = int(np.flatnonzero(led.messages == led.messages.max())[0])
         assert glue == list(range(last_reply - len(glue), last_reply)), f"stale glue at {glue}, reply at {last_reply}"
 
@@ -146,13 +146,13 @@ def test_view_turns_follow_the_prompt_render(chat_model):
         msgs.append({"role": "user", "content": "what is the vault code?"})
         rp = p.renderer.render(msgs)
         p.chat("a", msgs, max_tokens=0)
-        a = p._core.agents["a"]
+        a = p.engine()._core.agents["a"]
         assert a.ledger.tokens.tolist() == rp.tokens
         want = np.full(len(rp.tokens), -1)
         for s in rp.spans:
             want[s.start : s.end] = s.message
         assert a.ledger.messages.tolist() == want.tolist(), "the kept prefix carries the newest render's tags"
-        view = p._decoder.trimmer.view(a)
+        view = p.engine()._decoder.trimmer.view(a)
         assert view.current_turn == len(msgs) - 1
         assert (np.diff(view.turn) >= 0).all(), "turns never go back"
         newest = view.turn == len(msgs) - 1

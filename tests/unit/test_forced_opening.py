@@ -178,7 +178,7 @@ def test_the_call_after_a_forced_call_reuses_all_of_it(tmp_path: Any) -> None:
         calls = pool.tool_format.parse(prefix + r1.text)
         assert calls and calls[0].ok and calls[0].arguments == {"mode": "fast"}, r1.text
         assert r1.usage.prompt_tokens == pool.count_tokens(msgs, tools=tools) + len(
-            pool._turns.canon._call_tokens(prefix, pool.tool_format.markers))
+            pool.engine()._turns.canon._call_tokens(prefix, pool.tool_format.markers))
         follow = [*msgs, {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "set_mode", "arguments": json.dumps({"mode": "fast"})}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]

@@ -80,9 +80,9 @@ def test_forget_racing_calls_of_the_same_agent_never_hangs_or_leaks_a_sequence(t
         assert not errors, errors[:3]
         assert done["calls"] > 20
         # no sequence is held by an agent that no longer exists
-        core = p._core
+        core = p.engine()._core
         held = [a.seq for a in core.agents.values() if a.seq is not None]
-        assert sorted(held + p._residency.free) == list(range(p.config.resident_agents))
+        assert sorted(held + p.engine()._residency.free) == list(range(p.config.resident_agents))
         r = p.chat("fresh", conv("still usable"), max_tokens=2)
         assert r.finish_reason in ("stop", "length")
 
@@ -134,14 +134,14 @@ def test_one_agent_that_cannot_be_stored_does_not_lose_the_others(tiny_model_pat
     with MemoryPool(tiny_model_path, archive_path=db, **OPTS) as p:
         for aid in ("a", "b", "c"):
             p.chat(aid, conv(f"hello {aid}"), max_tokens=2)
-        write = p._persist.write
+        write = p.engine()._persist.write
 
         def failing(a, state):
             if a.id == "b":
                 raise ArchiveError("disk says no")
             return write(a, state)
 
-        monkeypatch.setattr(p._persist, "write", failing)
+        monkeypatch.setattr(p.engine()._persist, "write", failing)
         with pytest.raises(ArchiveError, match="'b'"):
             p.checkpoint()
         with Archive(db, readonly=True) if "readonly" in Archive.__init__.__code__.co_varnames else _nullcontext() as arc:

@@ -254,7 +254,7 @@ def three_agents_on_two_sequences(pool: MemoryPool) -> Any:
     """Agents a, b, c called once each (one of them parked), the prefetcher idle; its queue."""
     for a in "abc":
         pool.chat(a, conv(a, 0), max_tokens=2)
-    queue = pool._prefetcher.queue
+    queue = pool.engine()._prefetcher.queue
     assert queue is not None
     queue.join()
     return queue

@@ -41,7 +41,7 @@ def test_an_explicit_layout_is_kept(layout):
 
 def test_stream_cells_match_llama_cpp(tiny_model_path):
     with MemoryPool(tiny_model_path, n_ctx=1000, resident_agents=3, n_batch=64, prefetch=False, kv_layout="per_sequence") as p:
-        assert p.ctx.n_ctx_seq == stream_cells(1000, 3) and not p.ctx.params.kv_unified
+        assert p.engine().ctx.n_ctx_seq == stream_cells(1000, 3) and not p.engine().ctx.params.kv_unified
         assert p.stats()["totals"]["kv_layout"] == "per_sequence"
 
 

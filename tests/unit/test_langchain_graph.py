@@ -190,8 +190,8 @@ def test_token_counts_match_what_a_call_prefills(pool: MemoryPool) -> None:
     with_tools = model.bind_tools([lookup], tool_choice="none").invoke(msgs, agent_id="count-tools")
     assert model.get_num_tokens_from_messages(msgs, tools=[lookup]) == with_tools.usage_metadata["input_tokens"]
     assert model.get_num_tokens_from_messages(msgs, tools=[lookup]) > model.get_num_tokens_from_messages(msgs)
-    assert model.get_num_tokens("one two three") == len(pool.model.tokenize("one two three"))
-    assert model.get_token_ids("one") == pool.model.tokenize("one")
+    assert model.get_num_tokens("one two three") == len(pool.engine().model.tokenize("one two three"))
+    assert model.get_token_ids("one") == pool.engine().model.tokenize("one")
 
 
 # --------------------------------------------------------------------------- hints

@@ -52,6 +52,7 @@ import json, sys, threading, time
 from agentmem import MemoryPool
 model, close_timeout = sys.argv[1], float(sys.argv[2])
 pool = MemoryPool(model, n_ctx=512, resident_agents=1, n_threads=1, prefetch=False)
+engine = pool.engine()  # its native handles, read after close
 huge = [{"role": "user", "content": "word " * 400000}]
 out = {}
 def call(name, fn):
@@ -70,7 +71,7 @@ pool.close() if close_timeout == 30.0 else pool.close(timeout_s=close_timeout)  
 out["close_s"] = time.perf_counter() - t0
 for t in threads:
     t.join(60)
-out["model_freed"] = pool.model._closed
+out["model_freed"] = engine.model._closed
 try:
     pool.chat("a", [{"role": "user", "content": "hi"}], max_tokens=1)
 except Exception as exc:
@@ -101,11 +102,11 @@ from agentmem import MemoryPool
 from agentmem.archive import Archive
 model, archive = sys.argv[1], sys.argv[2]
 pool = MemoryPool(model, n_ctx=2048, resident_agents=2, n_threads=1, n_batch=32, prefetch=False, archive_path=archive)
-real = pool.ctx.decode_run
+real = pool.engine().ctx.decode_run
 def slow(*a, **k):  # a prefill chunk takes 10 ms: the close lands inside the prefill
     time.sleep(0.01)
     return real(*a, **k)
-pool.ctx.decode_run = slow
+pool.engine().ctx.decode_run = slow
 out = {}
 suspended = pool.chat_stream("held", [{"role": "user", "content": "hi"}], max_tokens=200)
 out["first_piece"] = isinstance(next(suspended), str)  # then left suspended, agent busy
@@ -167,13 +168,13 @@ def test_cancel_stops_a_stream_at_the_next_decode_step(tiny_model_path: Path) ->
 
 def _fill_archive(pool: MemoryPool) -> None:
     """Make the archive's database full: no page beyond those it has (a real `SQLITE_FULL`)."""
-    conn = pool._core.archive._conn  # the pool's own connection: max_page_count is per connection
+    conn = pool.engine()._core.archive._conn  # the pool's own connection: max_page_count is per connection
     n = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {n}")
 
 
 def _free_archive(pool: MemoryPool) -> None:
-    pool._core.archive._conn.execute("PRAGMA max_page_count = 1073741823")
+    pool.engine()._core.archive._conn.execute("PRAGMA max_page_count = 1073741823")
 
 
 def test_a_full_archive_raises_archive_full_and_loses_nothing(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -339,7 +340,7 @@ class _DecodeLog:
 
     def __init__(self, pool: MemoryPool, monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
         self.calls: list[tuple[float, int]] = []
-        ctx = pool.ctx
+        ctx = pool.engine().ctx
         run, multi = ctx.decode_run, ctx.decode_multi
 
         def decode_run(seq: int, tokens: Any, pos0: int, *a: Any, **k: Any) -> Any:
@@ -387,7 +388,7 @@ def _idle(pool: MemoryPool, agent_id: str, timeout_s: float = 10.0) -> float:
     """Seconds until `agent_id`'s call has released it."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        a = pool._core.agents.get(agent_id)
+        a = pool.engine()._core.agents.get(agent_id)
         if a is not None and not a.busy:
             return time.monotonic() - t0
         time.sleep(0.01)

@@ -27,7 +27,7 @@ from agent_framework import Agent, Message, tool  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import agentmem_maf  # noqa: E402
-from agentmem import ChatResult, MemoryPool, PoolConfig  # noqa: E402
+from agentmem import ChatResult, PoolConfig  # noqa: E402
 from agentmem.pool.results import ChatStream, Timings, Usage  # noqa: E402
 from agentmem.tools import get_tool_format  # noqa: E402
 from agentmem.tools.recall import FACTS_HEADER, RECALL_HEADER  # noqa: E402
@@ -54,6 +54,8 @@ class _Span:
     score: float = 1.0
     region: int = 0
 
+from tests.fixtures.model_pools import FakeModelPool
+
 
 class _Model:
     @staticmethod
@@ -61,12 +63,15 @@ class _Model:
         return "".join(chr(t) for t in tokens)
 
 
-class ScriptedPool(MemoryPool):
-    """A `MemoryPool` that replies from a script (Qwen's tool syntax) and records each call."""
+class ScriptedPool(FakeModelPool):
+    """A pool of one whose engine is itself: it replies from a script (Qwen's tool syntax) and records each call."""
+
+    config = model_path = None  # plain attributes here (the pool's are read from its engine)
 
     def __init__(self, replies: list[str], *, cached: int = 0) -> None:  # no model: nothing of the real pool runs
         self.config = PoolConfig(n_ctx=1024)
         self.model_path = "/fake/qwen2.5-fake.gguf"
+        super().__init__({"qwen2.5-fake": self})
         self.model = _Model()
         self.replies = list(replies)
         self.cached = cached

@@ -16,7 +16,7 @@ pytest.importorskip("agent_framework")
 
 from agent_framework import Agent, Message  # noqa: E402
 
-from agentmem import ConfigError, MemoryPool  # noqa: E402
+from agentmem import MemoryPool  # noqa: E402
 from agentmem.errors import ModelMismatchError, UnknownModelError  # noqa: E402
 from agentmem_maf import AgentMemChatClient, AgentMemContextProvider  # noqa: E402
 from tests.fixtures.model_pools import FakeModelPool, calls_on, released, where  # noqa: E402
@@ -64,8 +64,8 @@ async def test_another_model_for_a_bound_agent_raises_the_typed_error(model_team
 def test_construction_checks_the_model(model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     with pytest.raises(UnknownModelError):
         AgentMemChatClient(model_team, model="huge")
-    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
-        AgentMemChatClient(tiny_model_pools["small"], model="small")
+    with pytest.raises(UnknownModelError):  # a pool of one holds its model only
+        AgentMemChatClient(FakeModelPool({"small": tiny_model_pools["small"]}), model="big")
     client = AgentMemChatClient(model_team, agent_id="maf-new")
     assert client.pool is model_team and client.model_name == "small"  # the default, nothing bound
     assert model_team.model_of("maf-new") is None
@@ -106,6 +106,6 @@ async def test_the_provider_on_another_model_for_a_bound_agent_raises_the_typed_
 def test_the_provider_checks_the_model(model_team: FakeModelPool, tiny_model_pools: dict[str, MemoryPool]) -> None:
     with pytest.raises(UnknownModelError):
         AgentMemContextProvider(model_team, model="huge")
-    with pytest.raises(ConfigError, match="names a model of a ModelPool"):
-        AgentMemContextProvider(tiny_model_pools["small"], model="small")
+    with pytest.raises(UnknownModelError):  # a pool of one holds its model only
+        AgentMemContextProvider(FakeModelPool({"small": tiny_model_pools["small"]}), model="big")
     assert AgentMemContextProvider(model_team, model="big").pool is model_team and model_team.fake_tier.log == []

@@ -22,7 +22,6 @@ from agentmem.errors import ConfigError, ModelMismatchError, UnknownModelError
 from agentmem.models import aseat, seat
 from agentmem.models.seats import alease, check_model, hold_pools, memory_seat, model_for, model_name
 from agentmem.tools import hold_pool
-from agentmem.tools import registry
 from agentmem.models.seats import recall_on
 from tests.fixtures.model_pools import FakeModelPool
 
@@ -71,12 +70,16 @@ def archives() -> FakeModelPool:
     return FakeModelPool({"a": Archive("a"), "b": Archive("b")})
 
 
-def test_a_single_pool_seat_holds_nothing() -> None:
-    pool = Recorder("a")
-    with seat(pool, "x") as lease:  # type: ignore[arg-type]
-        assert lease.pool is pool and lease.name == "" and lease.agent_id == "x"
-    assert lease.released
-    assert asyncio.run(aseat(pool, "x")).pool is pool  # type: ignore[arg-type]
+def test_a_pool_of_ones_seat_is_its_models_engine_taken_at_once() -> None:
+    pool = FakeModelPool({"a": Recorder("a")})
+    engine = pool.tier.slots["a"].pool
+    with seat(pool, "x") as lease:
+        assert lease.pool is engine and lease.name == "a" and lease.agent_id == "x"
+    assert lease.released and pool.fake_tier.held == 0
+    lease = asyncio.run(aseat(pool, "x"))
+    assert lease.pool is engine
+    lease.release()
+    assert pool.fake_tier.held == 0
 
 
 def test_a_model_pool_seat_binds_the_agent_and_holds_its_model_until_released(team: FakeModelPool) -> None:
@@ -105,19 +108,19 @@ def test_check_model_and_hold_pools_accept_a_model_pool_only_with_its_names(team
     assert check_model(team, None) is None and check_model(team, "b") == "b"
     with pytest.raises(UnknownModelError):
         check_model(team, "c")
-    with pytest.raises(ConfigError, match="model: 'b' names a model of a ModelPool"):
-        check_model(Recorder("a"), "b")
+    with pytest.raises(UnknownModelError, match="model: no model 'b'"):
+        check_model(FakeModelPool({"a": Recorder("a")}), "b")
+    with pytest.raises(ConfigError, match="model: 'b' names a model of the pool given as pool="):
+        check_model(None, "b")
     with pytest.raises(ConfigError, match="model"):  # checked before a shared pool is opened
         hold_pools(None, {"n_ctx": 256}, lambda cfg: pytest.fail("opened a pool"), model="b")
-    before = len(registry._by_key)
     assert hold_pools(team, None, lambda cfg: None, model="a") == (team, False)
-    assert len(registry._by_key) == before  # a ModelPool is never registered
     with pytest.raises(ValueError, match="either"):
         hold_pools(team, {"n_ctx": 256}, lambda cfg: None)
-    with pytest.raises(TypeError, match="MemoryPool or an agentmem.ModelPool, got str"):
+    with pytest.raises(TypeError, match="must be an agentmem.MemoryPool, got str"):
         hold_pools("pool", None, lambda cfg: None)
     with pytest.raises(TypeError, match="must be an agentmem.MemoryPool, got FakeModelPool"):
-        hold_pool(team, None, lambda cfg: None, pool_type=type(None))  # without models_type: as before
+        hold_pool(team, None, lambda cfg: None, pool_type=type(None))
 
 
 def test_model_for_reads_the_binding_then_the_model_then_the_default(team: FakeModelPool) -> None:
@@ -125,8 +128,8 @@ def test_model_for_reads_the_binding_then_the_model_then_the_default(team: FakeM
     team.bind("x", "b")
     assert model_for(team, "x", "a") == "b" and model_name(team, "x", None) == "b"
     assert model_for(team, None, None) == "a" and team.model_of("new") is None  # nothing bound by reading
-    assert model_for(Recorder("a"), "x", None) is None  # type: ignore[arg-type]
-    assert model_name(Recorder("a"), "x", None) == "a-q4"  # type: ignore[arg-type]
+    one = FakeModelPool({"a-q4": Recorder("a")})  # a pool of one: every agent is its model's
+    assert model_for(one, "x", None) == "a-q4" and model_name(one, "x", None) == "a-q4"
     assert team.config_of("b").n_ctx == 512
 
 
@@ -165,9 +168,9 @@ def test_a_lease_taken_after_its_caller_was_cancelled_is_released() -> None:
 
 
 def test_a_memory_seat_holds_the_bound_agents_model_and_binds_nothing(archives: FakeModelPool) -> None:
-    plain = Archive("a")
-    with memory_seat(plain, "x") as lease:  # type: ignore[arg-type,union-attr]
-        assert lease.pool is plain and lease.name == ""
+    plain = FakeModelPool({"a": Archive("a")})
+    with memory_seat(plain, "x") as lease:  # type: ignore[union-attr]
+        assert lease.pool is plain.tier.slots["a"].pool and lease.name == "a"
     assert memory_seat(archives, "new", model="b") is None  # bound to no model: no memory anywhere
     assert archives.model_of("new") is None and archives.fake_tier.log == []
     archives.bind("x", "b")
@@ -190,7 +193,7 @@ def test_recall_on_searches_the_agents_model_and_releases_it(archives: FakeModel
     assert recall_on(archives, "x", "what is it", 2) == []  # no word to search: no seat taken
     assert recall_on(archives, "unbound", "the vault password", 2) == [] and archives.model_of("unbound") is None
     assert len(archives.fake_tier.log) == 2
-    plain = Archive("a")
+    plain = FakeModelPool({"a": Archive("a")})
     assert recall_on(plain, "x", "vault", 1)[0][0] == "The vault password is marmalade."
 
 

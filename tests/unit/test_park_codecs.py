@@ -73,7 +73,7 @@ def _park_and_restore(path: Path, **options: object) -> dict[str, object]:
         ledger = p.tokens("a")
         p.chat("b", OTHER, max_tokens=4)  # resident_agents=1: parks a
         parked = p.stats()["agents"]["a"]
-        state = p._core.tiers["warm"].get("a")  # the stored object, to check its format
+        state = p.engine()._core.tiers["warm"].get("a")  # the stored object, to check its format
         assert p.tokens("a") == ledger, "parking must not touch the ledger"
         r2 = p.chat("a", follow(r1.text), max_tokens=8)
         after = p.stats()

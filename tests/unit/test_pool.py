@@ -43,6 +43,14 @@ def test_public_api_is_pinned():
             "UnknownAgentError", "Usage", "__version__", "resolve_model_path",
         ]
     )
+    # one pool (issue 32): `MemoryPool` is the models layer's, of one model or many; `ModelPool` stays as its
+    # deprecated subclass; each model is run by the pool layer's `ModelEngine`
+    assert agentmem.MemoryPool is agentmem.models.MemoryPool and issubclass(agentmem.ModelPool, agentmem.MemoryPool)
+    assert sorted(agentmem.pool.__all__) == ["ChatResult", "ChatStream", "HandoffCard", "ModelEngine", "Timings", "Usage"]
+    assert sorted(agentmem.models.__all__) == [
+        "CostUnload", "LruUnload", "MemoryPool", "ModelLease", "ModelPool", "ModelSpec", "Pools", "UnloadPolicy",
+        "aseat", "seat",
+    ]
 
 
 def test_config_round_trip_and_errors():
@@ -184,7 +192,7 @@ def test_failed_restore_falls_back_to_prefill(tiny_model_path, caplog):
     with MemoryPool(tiny_model_path, n_ctx=1024, resident_agents=1, n_batch=64) as p:
         ref = p.chat("a", msgs, max_tokens=6)
         p.chat("b", conv("other"), max_tokens=2)  # parks a
-        warm = p._core.tiers["warm"]
+        warm = p.engine()._core.tiers["warm"]
         parked = warm.get("a")
         bad = parked.data.copy()
         bad[40:] = 0xFF  # corrupt the blob
@@ -266,11 +274,11 @@ def test_concurrent_tokenization_is_thread_safe(tiny_model_path):
 
     with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=1, n_batch=64, prefetch=False) as p:
         texts = [f"agent {i} says " + "word " * (i % 7 + 1) + str(i) * (i % 5 + 1) for i in range(64)]
-        expected = [p.model.tokenize(t) for t in texts]
+        expected = [p.engine().model.tokenize(t) for t in texts]
         with ThreadPoolExecutor(8) as ex:
             for _ in range(20):
-                assert list(ex.map(p.model.tokenize, texts)) == expected
-        pieces = {t: p.model.token_bytes(t) for t in range(50)}
-        p.model._piece_cache.clear()
+                assert list(ex.map(p.engine().model.tokenize, texts)) == expected
+        pieces = {t: p.engine().model.token_bytes(t) for t in range(50)}
+        p.engine().model._piece_cache.clear()
         with ThreadPoolExecutor(8) as ex:
-            assert dict(zip(range(50), ex.map(p.model.token_bytes, range(50)))) == pieces
+            assert dict(zip(range(50), ex.map(p.engine().model.token_bytes, range(50)))) == pieces

@@ -82,7 +82,7 @@ def test_sliding_window_checkpoints_and_shared_blocks_survive_either_archive(tin
 def test_a_pool_that_lost_the_lease_cannot_store_the_agent(tiny_model_path, archive_target: str) -> None:
     """`set_default_fence` fences the pool's own writes (its persister passes no `fence=`)."""
     with MemoryPool(tiny_model_path, **_archive(archive_target), **OPTS) as p:
-        arc = p._core.archive
+        arc = p.engine()._core.archive
         lease = arc.acquire_lease("a", owner="replica-a", ttl_s=0.2)
         arc.set_default_fence(lease)
         r = p.chat("a", conv("tell me about cats"), max_tokens=4)

@@ -153,8 +153,9 @@ class PoolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None and not self.hung:
+            engine = None if pool.closed else pool.engine()
             self._step(pool.close)
-            t = pool._prefetcher._thread
+            t = None if engine is None else engine._prefetcher._thread
             assert t is None or not t.is_alive(), "the prefetch worker outlived close()"
         for p in _TMP.glob(self.db.name + "*"):
             p.unlink(missing_ok=True)
@@ -169,7 +170,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         """Wait (bounded) until the prefetch worker has done what the last call queued."""
-        q = self.pool._prefetcher.queue
+        q = self.pool.engine()._prefetcher.queue
         end = time.monotonic() + 30
         while q is not None and q.unfinished_tasks:
             assert time.monotonic() < end, "the prefetch worker hung"
@@ -222,7 +223,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.calls_since_open += 1
 
     def _snapshot(self) -> Any:
-        with self.pool._core.lock:
+        with self.pool.engine()._core.lock:
             s = self.pool.stats()
             return (
                 sorted(self.pool.agents()),
@@ -402,7 +403,7 @@ class PoolMachine(RuleBasedStateMachine):
     def pool_matches_model(self) -> None:
         self._settle()
         pool = self.pool
-        core = pool._core
+        core = pool.engine()._core
         with core.lock:
             assert sorted(pool.agents()) == sorted(self.known), f"{sorted(pool.agents())=}, {sorted(self.known)=}"
             stats = pool.stats()
@@ -423,7 +424,7 @@ class PoolMachine(RuleBasedStateMachine):
                     assert all(t in it for t in live), f"{aid}: live tokens are not a subsequence of the history"
                 if a.seq is not None:
                     held.append(a.seq)
-                    pmax, pmin = pool.ctx.seq_pos_max(a.seq), pool.ctx.seq_pos_min(a.seq)
+                    pmax, pmin = pool.engine().ctx.seq_pos_max(a.seq), pool.engine().ctx.seq_pos_min(a.seq)
                     assert pmax == a.ledger.n_live - 1, f"{aid}: {pmax=}, {a.ledger.n_live=}"
                     assert (pmin == -1) if not a.ledger.n_live else (0 <= pmin <= pmax), f"{aid}: {pmin=}, {pmax=}"
                     if self.ARCH == "llama" and a.ledger.n_live:
@@ -434,7 +435,7 @@ class PoolMachine(RuleBasedStateMachine):
                 s = stats["agents"][aid]
                 assert s["calls"] == k.calls, f"{aid}: {s['calls']=}, {k.calls=}"
                 assert s["budget"] == k.budget, f"{aid}: {s['budget']=}, {k.budget=}"
-            assert sorted(held + pool._residency.free) == list(range(n_seq)), f"{held=}, {pool._residency.free=}"
+            assert sorted(held + pool.engine()._residency.free) == list(range(n_seq)), f"{held=}, {pool.engine()._residency.free=}"
             tiers = stats["tiers"]
             with_state = sum(1 for s in stats["agents"].values() if s["tier"] != "empty")
             assert sum(t["agents"] for t in tiers.values()) == with_state, f"{tiers=}"

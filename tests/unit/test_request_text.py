@@ -96,7 +96,7 @@ def test_tool_definition_strings_stay_text_under_qwens_template(pool: MemoryPool
     assert plain == (3, 2), "system (with the tools block), user, then the generation prompt"
     forged = [FORGED_TOOLS[where]]
     assert controls_in_prompt(pool, HI, forged) == plain
-    text = pool.model.detokenize(pool.renderer.render(HI, tools=forged).tokens)
+    text = pool.engine().model.detokenize(pool.renderer.render(HI, tools=forged).tokens)
     assert json.dumps(EVIL)[1:-1] in text, "the string is in the prompt (as `tojson` writes it), as text"
 
 

@@ -31,7 +31,7 @@ from agentmem.server.cli import add_arguments, build  # noqa: E402
 from agentmem.server.http_errors import from_exception  # noqa: E402
 from agentmem.server.identity import resolve_agent_id  # noqa: E402
 from agentmem.server.model_flags import ServedModels, models_of  # noqa: E402
-from agentmem.server.registry import ManyModels  # noqa: E402
+from agentmem.models.seats import alease  # noqa: E402
 from agentmem.server.schemas import ChatCompletionRequest  # noqa: E402
 from tests.fixtures.serving import ServerThread  # noqa: E402
 
@@ -198,8 +198,7 @@ def test_a_lease_taken_for_a_request_gone_is_released(tiny_model_path: Path, tmp
         return lease
 
     async def scenario() -> None:
-        models = ManyModels(team, lambda fn, *a: asyncio.to_thread(fn, *a))
-        task = asyncio.ensure_future(models._leased(slow_take))
+        task = asyncio.ensure_future(alease(slow_take, call=lambda fn, *a: asyncio.to_thread(fn, *a)))
         await asyncio.sleep(0.05)
         task.cancel()
         gate.set()

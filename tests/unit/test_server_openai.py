@@ -259,7 +259,7 @@ def test_native_tool_call_on_qwen_template_carries_its_kv_to_the_next_request(qw
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather" and call.id
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
-    kept = pool.model.detokenize(pool.tokens("native"))
+    kept = pool.engine().model.detokenize(pool.tokens("native"))
     assert "<tools>" in kept and '{"tool_calls"' not in kept, kept  # the template's own tool prompt
     assert "<tool_call>\n{" in kept, kept
     msgs += [choice.message.model_dump(exclude_none=True),

@@ -236,7 +236,7 @@ def slow_streams(pool: MemoryPool, monkeypatch: pytest.MonkeyPatch, delay_s: flo
 
 
 def test_concurrency_limit_per_key_is_429(server: Any, http: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    slow_streams(server.pool, monkeypatch)
+    slow_streams(server.pool.engine(), monkeypatch)  # the server calls run on its model's engine
     body = {"messages": HI, "user": "slow/a", "max_tokens": 200, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(KEY_SLOW)) as first:
         assert first.status_code == 200
@@ -252,7 +252,7 @@ def test_concurrency_limit_per_key_is_429(server: Any, http: httpx.Client, monke
 
 
 def test_disconnect_mid_stream_frees_the_agent(server: Any, http: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    closed = slow_streams(server.pool, monkeypatch)
+    closed = slow_streams(server.pool.engine(), monkeypatch)
     body = {"messages": HI, "user": "tenant-a/leaver", "max_tokens": 500, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(KEY_A)) as r:
         lines = r.iter_lines()

@@ -52,7 +52,7 @@ def share_and_member(model) -> tuple[int, np.ndarray, np.ndarray]:
     with MemoryPool(model, **opts(resident_agents=4)) as pool:
         n = pool.share("brief", [{"role": "system", "content": BRIEF}])
         pool.chat("a", team("hello there"), max_tokens=5)
-        return n, pool.ctx.state_get(pool._core.agents["share:brief"].seq), pool.ctx.state_get(pool._core.agents["a"].seq)
+        return n, pool.engine().ctx.state_get(pool.engine()._core.agents["share:brief"].seq), pool.engine().ctx.state_get(pool.engine()._core.agents["a"].seq)
 
 
 def test_split_join_roundtrip_is_byte_exact(model):
@@ -165,8 +165,8 @@ def test_eviction_inside_a_shared_prefix_does_not_move_the_other_agents_cells(ti
         st = pool.stats()
         assert st["agents"]["b"]["evicted_tokens"] > 0 and st["totals"]["privatized"] >= 1
         assert st["agents"]["b"]["block"] is None  # it no longer holds the block's cells
-        a = pool._core.agents["a"]
-        pos = np.sort(parse_state(pool.ctx.state_get(a.seq)).positions)
+        a = pool.engine()._core.agents["a"]
+        pos = np.sort(parse_state(pool.engine().ctx.state_get(a.seq)).positions)
         assert pos.tolist() == list(range(a.ledger.n_live))  # a's cells were not shifted by b's eviction
         again = pool.chat("a", msgs, max_tokens=6)
         assert again.kv == "reused" and again.tokens == want
@@ -193,9 +193,9 @@ def test_waiting_agents_get_a_sequence_by_priority(tiny_model_path):
             t.start()
             threads.append(t)
             deadline = time.monotonic() + 10
-            while agent not in pool._residency.waiters and time.monotonic() < deadline:
+            while agent not in pool.engine()._residency.waiters and time.monotonic() < deadline:
                 time.sleep(0.005)
-            assert agent in pool._residency.waiters
+            assert agent in pool.engine()._residency.waiters
         stream.drain()
         for t in threads:
             t.join(timeout=30)
@@ -241,7 +241,7 @@ def test_prefix_index_is_refreshed_only_when_a_ledger_changes(tiny_model_path):
         pool.chat("a", team("plan the work"), max_tokens=2)
         r = pool.chat("b", team("write the code"), max_tokens=2)
         assert r.kv == "shared"
-        idx = pool._core.prefixes
+        idx = pool.engine()._core.prefixes
         assert "a" in idx
         ver = idx._seqs["a"][0]
         pool.chat("c", team("review it"), max_tokens=2)  # a is unchanged: its entry is reused

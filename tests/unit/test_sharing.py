@@ -62,7 +62,7 @@ def test_handoff_copy_on_write(pool):
     pool.chat("src", msgs, max_tokens=4)
     before = pool.tokens("src")
     card = pool.handoff("src", "dst")
-    unified = pool.ctx.params.kv_unified  # (per-sequence streams: `pytest --kv-layout per_sequence`)
+    unified = pool.engine().ctx.params.kv_unified  # (per-sequence streams: `pytest --kv-layout per_sequence`)
     assert isinstance(card, HandoffCard) and card.mode == ("shared" if unified else "copied") and card.seq_no == 1
     assert card.n_tokens == len(before) and card.verify(np.asarray(pool.history_tokens("dst")))
     if unified:

@@ -67,8 +67,8 @@ def test_a_handoff_destination_never_rolls_back_to_its_old_prompt_end(tiny_gemma
         p.park("d")
         follow = long + [{"role": "assistant", "content": "something else entirely"}, {"role": "user", "content": "go on"}]
         got = p.chat("d", follow, max_tokens=8)
-        a = p._core.agents["d"]
-        assert (p.ctx.seq_pos_min(a.seq), p.ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
+        a = p.engine()._core.agents["d"]
+        assert (p.engine().ctx.seq_pos_min(a.seq), p.engine().ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
     with MemoryPool(tiny_gemma3_path, **opts) as p:
         assert p.chat("d", follow, max_tokens=8).tokens == got.tokens
 
@@ -91,8 +91,8 @@ def test_a_cut_inside_the_gap_of_a_restored_shared_state_re_prefills(tiny_gemma3
         p.park("a")
         edited = [first[0], {"role": "user", "content": words[: len(words) // 3] + " and then stops"}]
         got = p.chat("a", edited, max_tokens=6)  # common prefix ends inside the gap
-        a = p._core.agents["a"]
-        assert (p.ctx.seq_pos_min(a.seq), p.ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
+        a = p.engine()._core.agents["a"]
+        assert (p.engine().ctx.seq_pos_min(a.seq), p.engine().ctx.seq_pos_max(a.seq)) == (0, a.ledger.n_live - 1)
         assert got.usage.cached_tokens in (0, n_brief) or got.usage.cached_tokens >= r1.usage.prompt_tokens
     with MemoryPool(tiny_gemma3_path, **opts) as p:
         assert p.chat("a", edited, max_tokens=6).tokens == got.tokens
@@ -132,7 +132,7 @@ def test_a_restored_agent_keeps_the_re_sent_part_of_its_reply_exactly(tiny_gemma
 
     with MemoryPool(tiny_gemma3_path, **opts) as p:
         r1 = first_call(p)
-        cut = p.model.detokenize(r1.tokens[:6])  # the app keeps the first 6 reply tokens
+        cut = p.engine().model.detokenize(r1.tokens[:6])  # the app keeps the first 6 reply tokens
         follow = first + [{"role": "assistant", "content": cut}, {"role": "user", "content": "and tomorrow?"}]
         p.chat("b", conv("something else"), max_tokens=2)  # parks a
         with after_reconcile(p) as seen:

@@ -156,7 +156,7 @@ def test_prefetch_restores_the_next_agent_ahead(tiny_model_path):
         for rnd in range(5):
             for a in team:
                 p.chat(a, conv(f"{a} round {rnd}"), max_tokens=2)
-                p._prefetcher.queue.join()  # let the prefetcher finish before the next call
+                p.engine()._prefetcher.queue.join()  # let the prefetcher finish before the next call
         t = p.stats()["totals"]
         assert t["prefetches"] > 0 and t["prefetch_hits"] > 0
         assert 0 < t["prefetch_hit_rate"] <= 1

@@ -28,7 +28,7 @@ def test_jinja_template_renders_qwen_turns_and_the_next_call_reuses_the_prefix(t
         assert type(pool.renderer.format).__name__ == "JinjaFormat", "auto picks the GGUF's own template"
         prompt = pool.tokens("a")[: r1.usage.prompt_tokens]
         assert prompt[0] == IM_START_ID and prompt.count(IM_START_ID) == 3 and prompt.count(IM_END_ID) == 2, prompt
-        assert "system\nyou are a helpful bot" in pool.model.detokenize(prompt)
+        assert "system\nyou are a helpful bot" in pool.engine().model.detokenize(prompt)
         r2 = pool.chat("a", conv("hello there", r1.text or "ok", "and more"), max_tokens=4)
         assert r2.kv == "reused" and r2.usage.cached_tokens >= r1.usage.prompt_tokens
 
