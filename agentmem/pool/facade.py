@@ -26,6 +26,7 @@ from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
+from agentmem.memory.tiers import EMPTY, WARM
 from agentmem.policy.placement import priority_weight
 from agentmem.pool.hints import HintMethods
 from agentmem.pool.lifetime import Lifetime, free_pool, in_use
@@ -310,24 +311,24 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
+            if a.held:
+                raise AgentMemError(f"agent {agent_id!r} is {a.residence.hold}; cannot forget it now")
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
     @in_use
-    def park(self, agent_id: str, tier: str = "warm") -> None:
+    def park(self, agent_id: str, tier: str = WARM) -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
         self._check_open()
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
+            if a.held:
+                raise AgentMemError(f"agent {agent_id!r} is {a.residence.hold}; cannot park it now")
             if tier not in core.tiers:
                 raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
             current = core.where(a)[0]
-            if current != "empty" and current != tier:
+            if current != EMPTY and current != tier:
                 self._mover.move(a, tier)
             self._budgets.rebalance()
 
@@ -484,7 +485,7 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
             raise ConfigError("commit() needs archive_path or archive_url")
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
+            if a.held:
                 return False
             self._mover.save(a)
             return True
