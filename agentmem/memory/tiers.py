@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterator, Literal, Mapping, Sequence, TypeVar, get_args
 
 import numpy as np
 
@@ -33,21 +33,23 @@ from agentmem.memory.parking import ParkedState
 if TYPE_CHECKING:
     from agentmem.memory.shared import BlockStore
 
-__all__ = ["COLD", "EMPTY", "HOT", "TIER_NAMES", "WARM", "ColdTier", "Tier", "TierChain", "WarmTier", "build_tiers"]
+__all__ = ["COLD", "EMPTY", "HOT", "TIER_NAMES", "WARM", "TierName", "ColdTier", "Tier", "TierChain", "WarmTier", "build_tiers"]
 
 logger = logging.getLogger(__name__)
 
-#: An agent's KV is in a live llama.cpp sequence (the pool's own place, not a `Tier`).
-HOT = "hot"
-#: Nothing of the agent's KV is kept: its next call prefills.
-EMPTY = "empty"
-#: Parked in RAM (`WarmTier`).
-WARM = "warm"
-#: Parked in the archive (`ColdTier`).
-COLD = "cold"
+#: The name of a tier below HOT, as typed in a request (`park(tier=...)`, `POST /agents/{id}?action=park`).
+TierName = Literal["warm", "cold"]
 #: Every tier a pool may have, fastest first: what `stats()` and the metrics report
 #: (a tier the pool lacks, such as COLD without an archive, reports zeros).
-TIER_NAMES = (WARM, COLD)
+TIER_NAMES: Final[tuple[TierName, ...]] = get_args(TierName)
+#: Parked in RAM (`WarmTier`).
+WARM: Final[TierName] = TIER_NAMES[0]
+#: Parked in the archive (`ColdTier`).
+COLD: Final[TierName] = TIER_NAMES[1]
+#: An agent's KV is in a live llama.cpp sequence (the pool's own place, not a `Tier`).
+HOT: Final = "hot"
+#: Nothing of the agent's KV is kept: its next call prefills.
+EMPTY: Final = "empty"
 
 _T = TypeVar("_T")
 
@@ -183,7 +185,8 @@ class ColdTier(Tier):
 
     def put(self, agent_id: str, state: ParkedState) -> None:
         self.archive.put_state(
-            agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint, tier=self.name,
+            agent_id, state.data, codec=state.codec, n_tokens=state.n_tokens, fingerprint=self.fingerprint,
+            tier=self.name,
             block_id=state.block, layout=None if state.order is None else np.ascontiguousarray(state.order, "<i4"),
             **self._fenced(agent_id),
         )

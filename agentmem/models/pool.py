@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, PoolClosedError, UnknownAgentError
+from agentmem.memory.tiers import WARM
 from agentmem.model import resolve_model_path
 from agentmem.models.bindings import Bindings
 from agentmem.models.lease import ModelLease
@@ -316,7 +317,7 @@ class ModelPool:
             self.tier.release(name)
         self.bindings.drop(agent_id)
 
-    def park(self, agent_id: str, tier: str = "warm") -> None:
+    def park(self, agent_id: str, tier: str = WARM) -> None:
         """`MemoryPool.park` on the agent's model."""
         self._check_open()
         name, pool = self._pool_of(agent_id)

@@ -123,6 +123,7 @@ class Budgets:
         """f16 bytes of the largest idle resident state: what the next switch may park."""
         core = self.core
         sizes = [
-            core.ctx.state_size(x.seq) for x in core.agents.values() if x.seq is not None and not x.held and x.ledger.n_live
+            core.ctx.state_size(x.seq) for x in core.agents.values()
+            if x.seq is not None and not x.held and x.ledger.n_live
         ]
         return max(sizes, default=0)

@@ -105,7 +105,10 @@ class Mover:
             self.demote(a, dst)
 
     def park(self, a: AgentState, dst: str | None = None) -> None:
-        """Take resident `a`'s state out of its sequence into tier `dst` (the chain's first by default), free the sequence."""
+        """Take resident `a`'s state out of its sequence into tier `dst` (the chain's first by default).
+
+        Its sequence is emptied and returned to the free list.
+        """
         core = self.core
         assert a.kv is not None, f"{a.id=}"
         dst = core.tiers.first.name if dst is None else dst

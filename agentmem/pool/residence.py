@@ -23,16 +23,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from agentmem.memory.tiers import EMPTY, HOT
 
 if TYPE_CHECKING:
     from agentmem.pool.sequence import AgentSeq
-    from agentmem.pool.state import AgentState
 
 __all__ = [
-    "Residence", "call_begins", "call_ends", "emptied", "parked_in", "pin", "pinned", "seat", "unpin", "unseat",
+    "Residence", "Resident", "call_begins", "call_ends", "emptied", "parked_in", "pin", "pinned", "seat", "unpin", "unseat",
 ]
 
 
@@ -81,14 +80,21 @@ class Residence:
         assert self.calls >= 0 and self.pins >= 0, f"{agent_id=}, {self.calls=}, {self.pins=}"
 
 
-def seat(a: AgentState, kv: AgentSeq) -> None:
+class Resident(Protocol):
+    """What the functions below need of an agent (`agentmem.pool.state.AgentState` is one)."""
+
+    id: str
+    residence: Residence
+
+
+def seat(a: Resident, kv: AgentSeq) -> None:
     """`a` holds sequence `kv` now (its parked state, if any, is about to be loaded into it)."""
     r = a.residence
     assert r.kv is None, f"{a.id=}, {r.kv=}"
     r.kv = kv
 
 
-def unseat(a: AgentState) -> int:
+def unseat(a: Resident) -> int:
     """`a` gives its (emptied) sequence back; returns the sequence id."""
     r = a.residence
     assert r.kv is not None, f"{a.id=}"
@@ -96,36 +102,36 @@ def unseat(a: AgentState) -> int:
     return seq
 
 
-def parked_in(a: AgentState, tier: str, codec: str | None) -> None:
+def parked_in(a: Resident, tier: str, codec: str | None) -> None:
     """`a`'s state is stored in tier `tier`, encoded with `codec` (None: the store did not say)."""
     r = a.residence
     r.tier, r.codec = tier, codec
 
 
-def emptied(a: AgentState) -> None:
+def emptied(a: Resident) -> None:
     """No tier holds `a`'s state any more: it was loaded into its sequence, dropped or reset."""
     r = a.residence
     r.tier, r.codec = EMPTY, None
 
 
-def call_begins(a: AgentState) -> None:
+def call_begins(a: Resident) -> None:
     """A call holds `a` (until `call_ends`)."""
     a.residence.calls += 1
 
 
-def call_ends(a: AgentState) -> None:
+def call_ends(a: Resident) -> None:
     """The call that held `a` is over."""
     r = a.residence
     assert r.calls > 0, f"{a.id=}"
     r.calls -= 1
 
 
-def pin(a: AgentState) -> None:
+def pin(a: Resident) -> None:
     """One more holder needs `a` kept where it is (until its `unpin`)."""
     a.residence.pins += 1
 
 
-def unpin(a: AgentState) -> None:
+def unpin(a: Resident) -> None:
     """One holder of `a` is done."""
     r = a.residence
     assert r.pins > 0, f"{a.id=}"
@@ -133,7 +139,7 @@ def unpin(a: AgentState) -> None:
 
 
 @contextmanager
-def pinned(*agents: AgentState) -> Iterator[None]:
+def pinned(*agents: Resident) -> Iterator[None]:
     """Pin every agent of `agents` for the `with` block (unpinned however it ends)."""
     for x in agents:
         pin(x)

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol
 from agentmem.archive import open_archive
 from agentmem.errors import UnknownAgentError
 from agentmem.memory.shared import SHARE_PREFIX
+from agentmem.memory.tiers import COLD
 from agentmem.models import ModelLease, ModelPool
 from agentmem.models.seats import alease
 from agentmem.pool import MemoryPool
@@ -247,7 +248,7 @@ class ManyModels:
             with lease:
                 agents = lease.pool.stats()["agents"]
             return {k: {**v, "model": name} for k, v in agents.items()}
-        return {r.agent_id: {"model": name, "tier": "cold", "tokens": r.ledger_tokens, "live_tokens": 0,
+        return {r.agent_id: {"model": name, "tier": COLD, "tokens": r.ledger_tokens, "live_tokens": 0,
                              "bytes": r.state_bytes, "codec": r.codec, "priority": r.priority,
                              "share": r.agent_id.startswith(SHARE_PREFIX), **_UNKNOWN_UNLOADED}
                 for r in self._archive_rows(name)}

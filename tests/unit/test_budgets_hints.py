@@ -75,7 +75,8 @@ def pool(*, budget: int, warm: dict[str, int], live: dict[str, int], busy: set[s
     sizes_by_seq = {i: n for i, n in enumerate(live.values())}
     core = SimpleNamespace(
         config=SimpleNamespace(warm_budget_bytes=budget, cold_budget_bytes=0, watermark_high=0.9, watermark_low=0.7),
-        tiers=TierChain([FakeTier(warm, budget_bytes=budget)]), agents=agents, blocks=SimpleNamespace(ram_bytes=lambda: 0),
+        tiers=TierChain([FakeTier(warm, budget_bytes=budget)]), agents=agents,
+        blocks=SimpleNamespace(ram_bytes=lambda: 0),
         ctx=SimpleNamespace(state_size=lambda seq: sizes_by_seq[seq]), placement=get_policy("lru"),
         info=lambda a: AgentInfo(a.id, a.tier, 0, 10, 1, idle.get(a.id, 1.0), 1, math.inf),
     )

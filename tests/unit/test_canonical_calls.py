@@ -178,7 +178,8 @@ def script_runner(script: list[int]) -> tuple[FakeCore, ScriptDecoder, TurnRunne
     runner = TurnRunner(core, mover=None, sharing=None, decoder=dec,  # type: ignore[arg-type]
                         after_call=lambda _: None)
     a = AgentState("a")
-    residence.seat(a, Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow()).open(a, 0, fit=lambda attempt: attempt()))  # type: ignore[arg-type]
+    seqs = Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow())  # type: ignore[arg-type]
+    residence.seat(a, seqs.open(a, 0, fit=lambda attempt: attempt()))
     return core, dec, runner, a
 
 
