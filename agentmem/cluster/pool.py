@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from agentmem.errors import AgentMemError, ArchiveError, ConfigError
+from agentmem.errors import AgentBusyError, AgentMemError, ArchiveError, ConfigError
 from agentmem.memory.tiers import ColdTier
 from agentmem.pool import MemoryPool
 
@@ -76,7 +76,7 @@ class ClusterPool(MemoryPool):
         fresh). Its state is read from the archive on its next call (COLD).
 
         Raises:
-            AgentMemError: the agent is generating.
+            AgentBusyError: the agent is generating (or pinned).
         """
         self._check_open()
         core = self._core
@@ -84,7 +84,7 @@ class ClusterPool(MemoryPool):
             a = core.agents.get(agent_id)
             if a is not None:
                 if a.held:
-                    raise AgentMemError(f"agent {agent_id!r} is {a.residence.hold}; cannot reload it now")
+                    raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot reload it now")
                 self._mover.discard(a)
             got = self._persist.load(agent_id)
             logger.debug("agent %r re-read from the archive: %s", agent_id, got.tier if got else "absent")

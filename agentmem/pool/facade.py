@@ -24,7 +24,7 @@ from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
+from agentmem.errors import AgentBusyError, ArchiveError, ArchiveFullError, ConfigError, PoolClosedError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
 from agentmem.memory.tiers import EMPTY, WARM
 from agentmem.policy.placement import priority_weight
@@ -312,7 +312,7 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
         with core.lock:
             a = core.agent(agent_id)
             if a.held:
-                raise AgentMemError(f"agent {agent_id!r} is {a.residence.hold}; cannot forget it now")
+                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot forget it now")
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
@@ -324,7 +324,7 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
         with core.lock:
             a = core.agent(agent_id)
             if a.held:
-                raise AgentMemError(f"agent {agent_id!r} is {a.residence.hold}; cannot park it now")
+                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot park it now")
             if tier not in core.tiers:
                 raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
             current = core.where(a)[0]

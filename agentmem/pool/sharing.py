@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from agentmem.engine.chat_format import RenderedPrompt
-from agentmem.errors import AgentMemError, ConfigError, StateError
+from agentmem.errors import AgentBusyError, AgentMemError, ConfigError, StateError
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard, token_checksum
 from agentmem.pool import residence
@@ -160,7 +160,7 @@ class Sharing:
         d = core.agents.setdefault(dst, AgentState(dst))
         if s.held or d.held:
             x = s if s.held else d
-            raise AgentMemError(f"agent {x.id!r} is {x.residence.hold}; cannot hand off now")
+            raise AgentBusyError(f"agent {x.id!r} is {x.residence.hold}; cannot hand off now")
         try:
             with residence.pinned(d):
                 self.reset(d)

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import agentmem
+from agentmem import MemoryPool
 from agentmem.archive import Archive
+from agentmem.errors import AgentBusyError
 from agentmem.memory.parking import ParkedState
 from agentmem.memory.shared import BlockStore
 from agentmem.memory.tiers import (
@@ -28,6 +30,7 @@ from agentmem.pool import residence
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.residence import Residence
 from agentmem.pool.state import AgentState
+from agentmem.server.http_errors import from_exception
 
 FP = {"model": "test"}
 
@@ -69,6 +72,24 @@ def test_the_agent_record_reads_its_place_and_cannot_be_written_around_the_resid
     residence.seat(a, kv)  # type: ignore[arg-type]
     assert (a.seq, a.residence.place) == (3, HOT)
     assert residence.unseat(a) == 3 and a.seq is None
+
+
+def test_a_pinned_agent_is_busy_not_an_internal_error(tiny_model_path: Path) -> None:
+    """A pinned (not generating) agent refuses park/forget/handoff as busy: 409, not 500.
+
+    The server used to recognise a busy agent by the words "is generating"; an
+    agent held by a pin only says "is pinned", so it is a typed error now.
+    """
+    with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=2, n_batch=64, n_threads=1, prefetch=False) as p:
+        p.chat("a", [{"role": "user", "content": "hi"}], max_tokens=2)
+        a = p._core.agents["a"]
+        with residence.pinned(a):
+            for op in (lambda: p.park("a"), lambda: p.forget("a"), lambda: p.handoff("a", "b")):
+                with pytest.raises(AgentBusyError, match="'a' is pinned") as got:
+                    op()
+                assert (from_exception(got.value).status, from_exception(got.value).code) == (409, "agent_busy")
+        p.park("a")  # unpinned: it goes
+        assert p.stats()["agents"]["a"]["tier"] == WARM
 
 
 _FIELDS = {f for f in Residence.__dataclass_fields__}
