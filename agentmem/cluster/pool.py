@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from agentmem.errors import AgentBusyError, AgentMemError, ArchiveError, ConfigError
+from agentmem.errors import AgentBusyError, ArchiveError, ConfigError
 from agentmem.memory.tiers import ColdTier
 from agentmem.pool import MemoryPool
 

@@ -23,7 +23,7 @@ from agentmem.errors import AgentBusyError
 from agentmem.memory.parking import ParkedState
 from agentmem.memory.shared import BlockStore
 from agentmem.memory.tiers import (
-    COLD, EMPTY, HOT, TIER_NAMES, WARM, ColdTier, Tier, TierChain, WarmTier, build_tiers,
+    COLD, EMPTY, HOT, TIER_NAMES, WARM, Tier, TierChain, WarmTier, build_tiers,
 )
 from agentmem.policy.placement import AgentInfo, get_policy
 from agentmem.pool import residence
