@@ -58,8 +58,10 @@ class Tier(abc.ABC):
     """A store of parked states keyed by agent id, one link of the `TierChain`.
 
     A tier implements five storage methods (`put`, `get`, `delete`, `nbytes`,
-    `agents`) and says four things about itself; the chain and the pool do the
-    rest (moving states in and out, budgets, statistics):
+    `agents`) and `shared_bytes`, and says what it is (the attributes below); the
+    chain and the pool do the rest (moving states in and out, budgets,
+    statistics). Its release order and codec follow the placement policy unless
+    it overrides `release_order` / `codec_for`:
 
     Attributes:
         name: the tier's name, as `stats()`, the archive and `/agents` print it.
@@ -123,6 +125,18 @@ class Tier(abc.ABC):
                 (say, by bytes) overrides this method.
         """
         return order(list(infos))
+
+    def codec_for(self, info: _T, choose: Callable[[_T, str], str]) -> str:
+        """The codec a state of `info`'s agent is stored with here.
+
+        Args:
+            info: what the placement policy sees of the agent.
+            choose: the placement policy's choice (`PlacementPolicy.codec_for(info, tier_name)`:
+                `park_codec` in RAM, `cold_codec` in the archive, by priority under `cost`);
+                by default a tier follows it; a tier that can hold one format only
+                overrides this method.
+        """
+        return choose(info, self.name)
 
 
 class WarmTier(Tier):

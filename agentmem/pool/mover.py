@@ -112,7 +112,7 @@ class Mover:
         core = self.core
         assert a.kv is not None, f"{a.id=}"
         dst = core.tiers.first.name if dst is None else dst
-        codec = core.placement.codec_for(core.info(a), dst)
+        codec = self._codec(a, dst)
         if a.ledger.n_live:
             self._store(a, dst, a.kv.checkpointed(self.capture(a, codec), keep_cells=False))
         else:
@@ -147,7 +147,7 @@ class Mover:
         """Move parked `a`'s state from its tier to `dst`, transcoding to `dst`'s codec."""
         core = self.core
         src = core.tiers.get(a.tier)
-        codec = core.placement.codec_for(core.info(a), dst)
+        codec = self._codec(a, dst)
         stored = src.get(a.id) if src is not None else None
         if src is None or stored is None:
             raise StateError(f"no stored state for agent {a.id!r} in tier {a.tier!r}")
@@ -171,6 +171,11 @@ class Mover:
         a.ledger.clear()
         self.blocks.leave(a)
         self.core.totals["drops"] += 1
+
+    def _codec(self, a: AgentState, tier: str) -> str:
+        """The codec `a`'s state gets in `tier` (the tier's, which follows the placement policy)."""
+        core = self.core
+        return core.tiers[tier].codec_for(core.info(a), core.placement.codec_for)
 
     def _store(self, a: AgentState, tier: str, state: ParkedState) -> None:
         t = self.core.tiers[tier]
@@ -291,7 +296,7 @@ class Mover:
                 logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
         state = None
         if a.seq is not None and a.ledger.n_live:
-            state = self.snapshot(a, core.placement.codec_for(core.info(a), durable.name))
+            state = self.snapshot(a, self._codec(a, durable.name))
         elif a.tier in core.tiers and not core.tiers[a.tier].durable:
             state = core.tiers[a.tier].get(a.id)
         self.persist.write(a, state)

@@ -170,6 +170,7 @@ def test_tier_contract(tier: Tier) -> None:
     assert tier.shared_bytes(BlockStore()) == 0
     infos = [AgentInfo(x, tier.name, 0, 0, 1, idle, 1, math.inf) for x, idle in (("x", 1.0), ("y", 9.0))]
     assert [i.id for i in tier.release_order(infos, get_policy("lru").release_order)] == ["y", "x"]
+    assert tier.codec_for(infos[0], get_policy("lru").codec_for) == ("f16" if tier.name == WARM else "q8_0/q4_0")
 
 
 # ---------------------------------------------------------------------------- rebalance walks the chain
