@@ -31,6 +31,7 @@ application can catch the whole family with one `except`:
     │       ├── LeaseHeldError   another owner holds an unexpired lease on the agent
     │       └── LeaseLostError   a fenced write's lease is no longer current (nothing written)
     ├── UnknownAgentError        an operation names an agent the pool does not know
+    ├── AgentBusyError           an operation needs an agent that a call (or a pin) holds now; retry
     └── PolicyError              an unknown policy / codec name (lists the valid ones)
 ```
 
@@ -46,6 +47,7 @@ Python conventions keeps working.
 from __future__ import annotations
 
 __all__ = [
+    "AgentBusyError",
     "AgentMemError",
     "ArchiveError",
     "ArchiveFullError",
@@ -240,6 +242,15 @@ class UnknownAgentError(AgentMemError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class AgentBusyError(AgentMemError):
+    """An operation (forget, park, handoff, reload) needs an agent that is held right now.
+
+    The message says what holds it: `is generating` (a call runs on it) or `is pinned`
+    (another operation needs it kept in place, such as a handoff from it). Nothing was
+    changed; retry once it is free. A server answers 409 `agent_busy`.
+    """
 
 
 class PolicyError(AgentMemError, ValueError):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from agentmem.errors import AgentMemError, ArchiveError, ConfigError
+from agentmem.errors import AgentBusyError, ArchiveError, ConfigError
+from agentmem.memory.tiers import ColdTier
 from agentmem.pool import ModelEngine
 
 __all__ = ["ClusterPool"]
@@ -47,7 +48,7 @@ class ClusterPool(ModelEngine):
         if not self.closed and core.fence is not None:
             with core.lock:
                 for a in list(core.agents.values()):
-                    if a.busy:
+                    if a.held:
                         continue
                     try:
                         core.fence(a.id)
@@ -64,7 +65,9 @@ class ClusterPool(ModelEngine):
     def set_fence(self, fence: Callable[[str], Any] | None) -> None:
         """`fence(agent_id)` gives the lease an archive write of that agent carries (raising when none is held)."""
         self._core.fence = fence
-        self._core.tiers["cold"].fence = fence
+        durable = self._core.tiers.durable
+        assert isinstance(durable, ColdTier), "a cluster replica needs a shared archive"
+        durable.fence = fence
 
     def reload(self, agent_id: str) -> bool:
         """Drop the local copy of idle `agent_id` and register it as the archive holds it now.
@@ -73,15 +76,15 @@ class ClusterPool(ModelEngine):
         fresh). Its state is read from the archive on its next call (COLD).
 
         Raises:
-            AgentMemError: the agent is generating.
+            AgentBusyError: the agent is generating (or pinned).
         """
         self._check_open()
         core = self._core
         with core.lock:
             a = core.agents.get(agent_id)
             if a is not None:
-                if a.busy:
-                    raise AgentMemError(f"agent {agent_id!r} is generating; cannot reload it now")
+                if a.held:
+                    raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot reload it now")
                 self._mover.discard(a)
             got = self._persist.load(agent_id)
             logger.debug("agent %r re-read from the archive: %s", agent_id, got.tier if got else "absent")
@@ -93,7 +96,7 @@ class ClusterPool(ModelEngine):
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
+            if a.held:
                 return False
             self._mover.save(a, state=False)
             return True
@@ -105,4 +108,4 @@ class ClusterPool(ModelEngine):
             a = core.agents.get(agent_id)
             if a is None:
                 return None
-            return "hot" if a.seq is not None else a.tier
+            return a.residence.place

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator
 from agentmem.cluster.leases import LeaseKeeper
 from agentmem.cluster.pool import ClusterPool
 from agentmem.errors import ConfigError, LeaseHeldError, LeaseLostError
+from agentmem.memory.tiers import HOT, WARM
 
 __all__ = ["CLUSTER_DURABILITY", "Replica", "ReplicaHeader"]
 
@@ -109,7 +110,7 @@ class Replica:
 
     def _store_state(self, agent_id: str) -> None:
         # lazy durability: an idle agent's KV state reaches the archive before its lease goes
-        if self.pool.tier_of(agent_id) in ("hot", "warm"):
+        if self.pool.tier_of(agent_id) in (HOT, WARM):
             self.pool.commit(agent_id)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from agentmem.archive import open_archive
 from agentmem.memory.shared import SHARE_PREFIX
+from agentmem.memory.tiers import COLD
 from agentmem.models.tier import ModelSlot
 
 __all__ = ["ArchivedAgents"]
@@ -53,7 +54,7 @@ class ArchivedAgents:
     def entries(self, slot: ModelSlot) -> dict[str, dict[str, Any]]:
         """Each archived agent of `slot` as `ModelEngine.stats()["agents"]` lists one, with its `model`."""
         name = slot.spec.name
-        return {r.agent_id: {"model": name, "tier": "cold", "tokens": r.ledger_tokens, "live_tokens": 0,
+        return {r.agent_id: {"model": name, "tier": COLD, "tokens": r.ledger_tokens, "live_tokens": 0,
                              "bytes": r.state_bytes, "codec": r.codec, "priority": r.priority,
                              "share": r.agent_id.startswith(SHARE_PREFIX), **_UNKNOWN_UNLOADED}
                 for r in self.rows(slot)}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 from agentmem.archive import EvictedSpan
 from agentmem.errors import ModelMismatchError, UnknownAgentError
 from agentmem.memory.shared import HandoffCard
+from agentmem.memory.tiers import WARM
 from agentmem.models.hinting import HintRouting
 from agentmem.models.listing import ArchivedAgents
 from agentmem.pool.lines import Line
@@ -66,7 +67,7 @@ class AgentOperations(HintRouting):
             lease.pool.forget(agent_id)
         self.bindings.drop(agent_id)
 
-    def park(self, agent_id: str, tier: str = "warm") -> None:
+    def park(self, agent_id: str, tier: str = WARM) -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
         with self._agent_lease(agent_id) as lease:
             lease.pool.park(agent_id, tier)

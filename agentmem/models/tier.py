@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from agentmem.config import PoolConfig
 from agentmem.errors import ModelBudgetError, PoolClosedError
+from agentmem.memory.tiers import WARM
 from agentmem.models.policy import SlotView, UnloadPolicy
 from agentmem.models.specs import ModelSpec, footprint
 from agentmem.pool import ModelEngine
@@ -287,7 +288,7 @@ class ModelTier:
         if pool is None or pool.closed:
             return 0
         st = pool.stats()
-        return int(st["tiers"]["warm"]["bytes"]) + int(st["shared"]["ram_bytes"])
+        return int(st["tiers"][WARM]["bytes"]) + int(st["shared"]["ram_bytes"])
 
     def _check_fits_alone(self, slot: ModelSlot) -> None:
         ram, vram = self._cost(slot)

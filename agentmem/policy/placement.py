@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from agentmem.errors import PolicyError
+from agentmem.memory.tiers import WARM
 
 __all__ = ["POLICIES", "PRIORITIES", "AgentInfo", "CostPolicy", "LRUPolicy", "PlacementPolicy", "get_policy"]
 
@@ -80,7 +81,7 @@ class PlacementPolicy(abc.ABC):
 
     def codec_for(self, agent: AgentInfo, tier: str) -> str:
         """Codec of ``agent``'s state in ``tier`` (``warm`` or ``cold``)."""
-        return self.warm_codec if tier == "warm" else self.cold_codec
+        return self.warm_codec if tier == WARM else self.cold_codec
 
     def release_order(self, agents: list[AgentInfo]) -> list[AgentInfo]:
         """Agents in the order they give up their place (first = first out).
@@ -135,7 +136,7 @@ class CostPolicy(PlacementPolicy):
         return value / max(1.0, agent.nbytes / 1e6)
 
     def codec_for(self, agent: AgentInfo, tier: str) -> str:
-        if tier == "warm":
+        if tier == WARM:
             if agent.priority >= PRIORITIES["foreground"]:
                 return "f16"
             if agent.priority <= PRIORITIES["background"]:

@@ -10,6 +10,7 @@ each model run by a `ModelEngine` of this package.
 * `layout` — the KV layout (one unified cache or a stream per sequence) and the rule `kv_layout="auto"` follows.
 * `decoder` — chunked prefill, and batched decode steps of concurrent agents.
 * `canon` — a free tool call's first tokens rewritten in the KV with its format's opening, and its closing completed.
+* `residence` — where an agent lives (`Residence`: sequence, tier, codec, calls, pins) and the only functions that change it.
 * `residency` — which agents hold sequences, who gets the next one, and the one make-room loop.
 * `mover` — park / restore / demote / drop / forget across tiers; `make_resident`, how a call gets its sequence.
 * `sequence` — the one door to each resident agent's KV (`AgentSeq`: cut, evict, capture, load, link, copy, privatize, clear).
@@ -18,7 +19,7 @@ each model run by a `ModelEngine` of this package.
 * `sharing` — prefix donors, copying cells between sequences, handoffs, privatizing shared cells.
 * `trimming` — runs the eviction policy on an agent, shifts cells, writes recall rows.
 * `persist` — archive sync (ledger + state in one transaction) and resume on open.
-* `budgets` — WARM/COLD byte budgets with watermarks.
+* `budgets` — each tier's byte budget with watermarks, applied down the tier chain.
 * `prefetch` — the after-call worker: rebalance, restore the agent expected next.
 * `tenants` — tenant scopes: whose KV an agent may start from; `tenant_of`/`add_tenants`/`tenant_usage`.
 * `hints` — workflow hints: expected order, holds, their counters; `expect`/`hold`/`unhold`.

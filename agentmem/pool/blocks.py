@@ -64,11 +64,12 @@ class BlockRefs:
     def trim(self, b: KVBlock, *, archived: AgentState | None = None) -> None:
         """Drop the RAM copy of a block when only archived agents (and `archived`) need it."""
         core = self.core
-        if b.data is None or core.archive is None:
+        durable = core.tiers.durable
+        if b.data is None or core.archive is None or durable is None:
             return
         for x in b.refs:
             m = core.agents.get(x)
-            if m is not None and m is not archived and (m.seq is not None or m.tier != "cold"):
+            if m is not None and m is not archived and (m.seq is not None or m.tier != durable.name):
                 return
         if core.archive.has_shared_block(b.id):
             b.data = None

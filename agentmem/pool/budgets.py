@@ -1,8 +1,10 @@
-"""Byte budgets of the WARM and COLD tiers, applied with watermarks (hysteresis).
+"""Byte budgets of the tiers, applied down the chain with watermarks (hysteresis).
 
-The placement policy owns the order (who is demoted first); `Budgets` owns the
-bytes: it measures each tier (shared blocks counted where they are kept) and
-demotes or drops states until a tier is back under its low watermark.
+The placement policy owns the order (who is demoted first; a tier may order its
+own states: `Tier.release_order`); `Budgets` owns the bytes: it walks the tier
+chain fastest first, measures each tier (shared blocks counted where they are
+kept) and demotes its states into the tier below — the last tier drops them —
+until it is back under its low watermark.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from agentmem.errors import AgentMemError
+from agentmem.memory.tiers import Tier
 from agentmem.pool.hints import Hints
 from agentmem.pool.mover import Mover
 from agentmem.pool.state import AgentState, PoolCore
@@ -20,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class Budgets:
-    """Keeps WARM and COLD within `warm_budget_bytes` / `cold_budget_bytes` (lock held).
+    """Keeps every tier within its `budget_bytes` (`warm_budget_bytes`, `cold_budget_bytes`; lock held).
 
     Args:
         core: the pool's shared state.
@@ -36,67 +39,67 @@ class Budgets:
         self.hints = hints or Hints()
 
     def rebalance(self, *, urgent_only: bool = False) -> None:
-        """Apply the byte budgets of WARM and COLD with hysteresis.
+        """Apply the byte budget of every tier, fastest first, with hysteresis.
 
         With `urgent_only` (on a call's critical path) only a tier above its
         budget itself is rebalanced; crossing the high watermark is handled after
-        the call, so demotion I/O does not delay a reply. Off the call path, WARM
-        also keeps room for the largest state a switch could park next, so that
+        the call, so demotion I/O does not delay a reply. Off the call path, the
+        first tier (WARM, where parks go) also keeps room for the largest state a switch could park next, so that
         park does not push it over the budget mid-call. Under an expected order the
         state parked next is known (`next_out`): room is kept for it only when the
         next call needs a sequence, and made only from states whose next use is
         further away than its own — when it is the one needed last, nothing sooner
         is given up for it (its park, over the budget, demotes it first).
         """
+        for t in self.core.tiers.values():
+            if t.budget_bytes:
+                self._fit(t, urgent_only=urgent_only)
+
+    def _fit(self, t: Tier, *, urgent_only: bool) -> None:
+        """Bring tier `t` under its budget: its states leave in release order, into the tier below or dropped."""
         core = self.core
         cfg = core.config
-        for tier, budget in (("warm", cfg.warm_budget_bytes), ("cold", cfg.cold_budget_bytes)):
-            if not budget or tier not in core.tiers:
-                continue
-            high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
-            out = self.next_out() if tier == "warm" and not urgent_only and self.hints.active else None
-            if tier == "warm" and not urgent_only:
-                if self.hints.active:  # the next park is known: room for it, or none needed
-                    room = core.ctx.state_size(out.seq) if out is not None and out.seq is not None else 0
-                else:
-                    room = self.next_park_bytes()
-                high, low = min(high, budget - room), min(low, budget - room)
-            t = core.tiers[tier]
-            members = [core.agents[x] for x in t.agents() if x in core.agents and core.agents[x].tier == tier]
-            # a busy agent's state is on its way up (its call is restoring it): not counted
-            leaving = sum(t.nbytes(x.id) for x in members if x.busy)
+        budget = t.budget_bytes
+        high, low = cfg.watermark_high * budget, cfg.watermark_low * budget
+        parks_here = t is core.tiers.first and not urgent_only
+        out = self.next_out() if parks_here and self.hints.active else None
+        if parks_here:
+            if self.hints.active:  # the next park is known: room for it, or none needed
+                room = core.ctx.state_size(out.seq) if out is not None and out.seq is not None else 0
+            else:
+                room = self.next_park_bytes()
+            high, low = min(high, budget - room), min(low, budget - room)
+        members = [core.agents[x] for x in t.agents() if x in core.agents and core.agents[x].tier == t.name]
+        # a held agent's state is on its way up (its call is restoring it): not counted
+        leaving = sum(t.nbytes(x.id) for x in members if x.held)
 
-            def used() -> int:
-                return self.tier_bytes(tier) - leaving
+        def used() -> int:
+            return self.tier_bytes(t) - leaving
 
-            if used() <= (budget if urgent_only else high):
-                continue
-            infos = [self.hints.info(core, x) for x in members if not x.busy]
-            if out is not None:
-                infos.append(self.hints.info(core, out))
-            for info in core.placement.release_order(infos):
-                if out is not None and info.id == out.id:
-                    break  # the rest is needed sooner than the state the room is for
-                if used() <= (cfg.watermark_low * budget if urgent_only else low):
-                    break
-                x = core.agents[info.id]
-                if tier == "warm" and "cold" in core.tiers:
-                    try:
-                        self.mover.demote(x, "cold")
-                        continue
-                    except AgentMemError as exc:
-                        logger.warning("demotion of %r to cold failed (%s); dropping its state", x.id, exc)
-                logger.info("%s budget exceeded: dropping the state of %r (it will re-prefill)", tier, x.id)
-                self.mover.drop(x)
+        if used() <= (budget if urgent_only else high):
+            return
+        infos = [self.hints.info(core, x) for x in members if not x.held]
+        if out is not None:
+            infos.append(self.hints.info(core, out))
+        below = core.tiers.below(t)
+        for info in t.release_order(infos, core.placement.release_order):
+            if out is not None and info.id == out.id:
+                break  # the rest is needed sooner than the state the room is for
+            if used() <= (cfg.watermark_low * budget if urgent_only else low):
+                break
+            x = core.agents[info.id]
+            if below is not None:
+                try:
+                    self.mover.demote(x, below.name)
+                    continue
+                except AgentMemError as exc:
+                    logger.warning("demotion of %r to %s failed (%s); dropping its state", x.id, below.name, exc)
+            logger.info("%s budget exceeded: dropping the state of %r (it will re-prefill)", t.name, x.id)
+            self.mover.drop(x)
 
-    def tier_bytes(self, tier: str) -> int:
-        """Bytes a tier holds, shared blocks included where they are kept (RAM / the archive)."""
-        core = self.core
-        n = core.tiers[tier].total_bytes()
-        if tier == "warm":
-            return n + core.blocks.ram_bytes()
-        assert core.archive is not None
-        return n + sum(b.n_bytes for b in core.archive.list_shared_blocks())
+    def tier_bytes(self, t: Tier) -> int:
+        """Bytes tier `t` holds, shared blocks included where they are kept (RAM / the archive)."""
+        return t.total_bytes() + t.shared_bytes(self.core.blocks)
 
     def next_out(self) -> AgentState | None:
         """Under an expected order: the idle resident agent the next call would park, or None.
@@ -110,7 +113,7 @@ class Budgets:
         if all(x in core.agents and core.agents[x].seq is not None for x in first):
             return None
         idle = [x for x in core.agents.values()
-                if x.seq is not None and not x.busy and x.ledger.n_live and x.id not in first]
+                if x.seq is not None and not x.held and x.ledger.n_live and x.id not in first]
         if not idle:
             return None
         out = core.placement.release_order([hints.info(core, x) for x in idle])[0]
@@ -120,6 +123,7 @@ class Budgets:
         """f16 bytes of the largest idle resident state: what the next switch may park."""
         core = self.core
         sizes = [
-            core.ctx.state_size(x.seq) for x in core.agents.values() if x.seq is not None and not x.busy and x.ledger.n_live
+            core.ctx.state_size(x.seq) for x in core.agents.values()
+            if x.seq is not None and not x.held and x.ledger.n_live
         ]
         return max(sizes, default=0)

@@ -9,7 +9,7 @@ share, handoff, recall, checkpoints: `agentmem.pool.operations`), the workflow h
 (`find_line`: `agentmem.pool.lines`) and `close`.
 
 Thread-safety: every context operation runs under one re-entrant lock; an agent
-that is generating is *busy* and is never parked under its feet. Async methods
+held by a call or a pin (`agentmem.pool.residence`) is never parked under its feet. Async methods
 run the blocking work in worker threads; `close` is safe at any moment (`lifetime`).
 """
 

@@ -183,7 +183,7 @@ class LineIndex:
         best: tuple[int, float, str] | None = None
         for aid in ids:
             a = core.agents.get(aid)
-            if a is None or not aid.startswith(scope) or a.busy or aid in self.claims:
+            if a is None or not aid.startswith(scope) or a.held or aid in self.claims:
                 continue
             key_end, prompt_end = self._marks[aid]
             if len(toks) <= prompt_end:

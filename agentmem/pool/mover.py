@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from agentmem.errors import AgentMemError, FingerprintMismatch, StateError
 from agentmem.memory.parking import ParkedState
+from agentmem.pool import residence
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.persist import Persister
 from agentmem.pool.residency import Residency
@@ -35,7 +36,7 @@ class Placement:
         how: `"reused"` (it was resident), `"restored"` (its parked state was
             loaded), `"fresh"` (nothing usable was stored: the call prefills), or
             `"busy"` (a prefetch found no sequence it may take).
-        source: the tier a restore came from (`"warm"`/`"cold"`), else `None`.
+        source: the name of the tier a restore came from, else `None`.
     """
 
     how: str
@@ -43,7 +44,13 @@ class Placement:
 
 
 class Mover:
-    """Transitions of agents' states between HOT, WARM and COLD (lock held)."""
+    """Transitions of agents' states between HOT and the tiers of the chain (lock held).
+
+    Every change of an agent's place goes through `agentmem.pool.residence`;
+    which tier is which is the chain's (`core.tiers`): parks go into its first
+    tier unless told otherwise, a durable tier (the archive) is written through
+    the `Persister` with the agent's ledger.
+    """
 
     def __init__(self, core: PoolCore, residency: Residency, blocks: BlockRefs, persist: Persister) -> None:
         self.core = core
@@ -59,11 +66,8 @@ class Mover:
         A failed restore empties the sequence and drops the stored state: the
         caller re-prefills from the messages (`how="fresh"`).
         """
-        a.busy += 1  # on its way up: a park this causes must not give `a`'s own state up (a prefetch)
-        try:
+        with residence.pinned(a):  # on its way up: a park this causes must not give `a`'s own state up (a prefetch)
             got = self.residency.acquire(a, prefetch=prefetch)
-        finally:
-            a.busy -= 1
         if got != "assigned":
             return Placement(got)
         if a.tier not in self.core.tiers:
@@ -100,11 +104,15 @@ class Mover:
         else:
             self.demote(a, dst)
 
-    def park(self, a: AgentState, dst: str) -> None:
-        """Take resident `a`'s state out of its sequence into tier `dst` and free the sequence."""
+    def park(self, a: AgentState, dst: str | None = None) -> None:
+        """Take resident `a`'s state out of its sequence into tier `dst` (the chain's first by default).
+
+        Its sequence is emptied and returned to the free list.
+        """
         core = self.core
         assert a.kv is not None, f"{a.id=}"
-        codec = core.placement.codec_for(core.info(a), dst)
+        dst = core.tiers.first.name if dst is None else dst
+        codec = self._codec(a, dst)
         if a.ledger.n_live:
             self._store(a, dst, a.kv.checkpointed(self.capture(a, codec), keep_cells=False))
         else:
@@ -123,26 +131,26 @@ class Mover:
         """
         core = self.core
         assert a.kv is not None, f"{a.id=}"
-        src = a.tier
-        stored = core.tiers[src].get(a.id) if src in core.tiers else None
-        if stored is None:
-            raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+        src = core.tiers.get(a.tier)
+        stored = src.get(a.id) if src is not None else None
+        if src is None or stored is None:
+            raise StateError(f"no stored state for agent {a.id!r} in tier {a.tier!r}")
         # a rejected blob: a wrong layout, or not enough free cells even after parking idle agents
         if not (stored.block is not None and self._restore_linked(a, stored)) and not a.kv.load(
                 self.blocks.joined(stored), stored):
             raise StateError("llama_state_seq_set_data rejected the blob")
-        if src == "warm":
-            core.tiers["warm"].delete(a.id)
-        a.tier = "empty"
+        if not src.durable:  # a durable tier keeps its copy (the archive's row stays valid until the next write)
+            src.delete(a.id)
+        residence.emptied(a)
 
     def demote(self, a: AgentState, dst: str) -> None:
         """Move parked `a`'s state from its tier to `dst`, transcoding to `dst`'s codec."""
         core = self.core
-        src = a.tier
-        codec = core.placement.codec_for(core.info(a), dst)
-        stored = core.tiers[src].get(a.id) if src in core.tiers else None
-        if stored is None:
-            raise StateError(f"no stored state for agent {a.id!r} in tier {src!r}")
+        src = core.tiers.get(a.tier)
+        codec = self._codec(a, dst)
+        stored = src.get(a.id) if src is not None else None
+        if src is None or stored is None:
+            raise StateError(f"no stored state for agent {a.id!r} in tier {a.tier!r}")
         if stored.codec != codec:  # transcode through f16 (a cut state stays cut)
             blob = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
             stored = dataclasses.replace(
@@ -150,8 +158,8 @@ class Mover:
                 block=stored.block, order=stored.order, window_ckpt=stored.window_ckpt, window_order=stored.window_order,
             )
         self._store(a, dst, stored)
-        if src == "warm":
-            core.tiers["warm"].delete(a.id)
+        if not src.durable:
+            src.delete(a.id)
         a.counters["demotions"] += 1
         core.totals["demotions"] += 1
 
@@ -159,18 +167,24 @@ class Mover:
         """Forget `a`'s stored state (its ledger is cleared: the next call prefills)."""
         for t in self.core.tiers.values():
             t.delete(a.id)
-        a.tier = "empty"
+        residence.emptied(a)
         a.ledger.clear()
         self.blocks.leave(a)
         self.core.totals["drops"] += 1
 
+    def _codec(self, a: AgentState, tier: str) -> str:
+        """The codec `a`'s state gets in `tier` (the tier's, which follows the placement policy)."""
+        core = self.core
+        return core.tiers[tier].codec_for(core.info(a), core.placement.codec_for)
+
     def _store(self, a: AgentState, tier: str, state: ParkedState) -> None:
-        if tier == "cold":
+        t = self.core.tiers[tier]
+        if t.durable:  # with the ledger, in one transaction
             self.persist.write(a, state)
         else:
-            self.core.tiers[tier].put(a.id, state)
-        a.tier = tier
-        if tier == "cold":
+            t.put(a.id, state)
+        residence.parked_in(a, t.name, state.codec)
+        if t.durable:
             b = self.blocks.of(a)
             if b is not None:
                 self.blocks.trim(b, archived=a)  # its sequence, if any, is released next
@@ -204,12 +218,9 @@ class Mover:
             return False
         m = self.seqs.nearest(live)
         private = core.codec(stored.codec).decode(stored) if stored.codec != "f16" else stored.data
-        m.agent.busy += 1  # making room must not park the member whose cells are linked
-        try:
+        with residence.pinned(m.agent):  # making room must not park the member whose cells are linked
             if not a.kv.link(m, b.n_tokens, stored, private):
                 return False
-        finally:
-            m.agent.busy -= 1
         core.totals["linked_restores"] += 1
         return True
 
@@ -219,13 +230,14 @@ class Mover:
         core = self.core
         fenced = self.persist.fenced(a.id) if core.archive is not None else {}  # before anything is dropped
         self.discard(a)
-        if "cold" in core.tiers:
-            core.tiers["cold"].delete(a.id)
+        durable = core.tiers.durable
+        if durable is not None:
+            durable.delete(a.id)
         if core.archive is not None:
             core.archive.delete_agent(a.id, **fenced)
 
     def discard(self, a: AgentState) -> None:
-        """Drop the local copy of idle `a` (sequence, RAM state, block, record); its archive rows stay.
+        """Drop the local copy of idle `a` (sequence, volatile tiers' state, block, record); its archive rows stay.
 
         Cluster mode: another replica may have served `a` since, so the copy here
         may be stale; `Persister.load` reads it back as the archive holds it.
@@ -234,7 +246,8 @@ class Mover:
         if a.kv is not None:
             a.kv.clear()
             self.residency.release(a)
-        core.tiers["warm"].delete(a.id)
+        for t in core.tiers.volatile:
+            t.delete(a.id)
         self.blocks.leave(a)
         core.prefixes.remove(a.id)
         core.lines.drop(a.id)
@@ -254,7 +267,7 @@ class Mover:
         failed: dict[str, str] = {}
         with core.lock:
             for a in list(core.agents.values()):
-                if a.busy:
+                if a.held:
                     continue
                 try:
                     self.save(a, final=final)
@@ -270,20 +283,22 @@ class Mover:
         matches is dropped (lazy durability: the state follows when `a` is parked).
         """
         core = self.core
+        durable = core.tiers.durable
+        assert durable is not None, "saving needs an archive"
         if not state:
-            self.persist.write(a, None, drop_state="cold" in core.tiers and a.tier != "cold")
+            self.persist.write(a, None, drop_state=a.tier != durable.name)
             return
         if final and a.seq is not None and a.ledger.n_live:
             try:
-                self.park(a, "cold")
+                self.park(a, durable.name)
                 return
             except AgentMemError as exc:
                 logger.warning("could not park %r in the archive (%s); saving a snapshot", a.id, exc)
         state = None
         if a.seq is not None and a.ledger.n_live:
-            state = self.snapshot(a, core.placement.codec_for(core.info(a), "cold"))
-        elif a.tier == "warm":
-            state = core.tiers["warm"].get(a.id)
+            state = self.snapshot(a, self._codec(a, durable.name))
+        elif a.tier in core.tiers and not core.tiers[a.tier].durable:
+            state = core.tiers[a.tier].get(a.id)
         self.persist.write(a, state)
 
     def snapshot(self, a: AgentState, codec: str) -> ParkedState:

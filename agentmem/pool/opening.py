@@ -63,7 +63,8 @@ def open_core(cfg: PoolConfig) -> PoolCore:
         fingerprint = _fingerprint(model_path, cfg, unified=unified)
         if cfg.archive_url or cfg.archive_path:  # a shared PostgreSQL database, or a SQLite file
             archive = open_archive(cfg.archive_url or cfg.archive_path)
-        tiers = build_tiers(archive=archive, fingerprint=fingerprint)
+        tiers = build_tiers(archive=archive, fingerprint=fingerprint, warm_budget_bytes=cfg.warm_budget_bytes,
+                            cold_budget_bytes=cfg.cold_budget_bytes)
         # evicted text goes to the archive (FTS5) or to a throwaway in-memory one
         recall_store = archive or Archive(":memory:")
     except BaseException:
@@ -148,8 +149,8 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
     persist = Persister(core, blocks)
 
     def park_victim(victim: AgentState) -> None:
-        # park an idle resident agent into WARM to free its sequence or cells
-        mover.park(victim, "warm")
+        # park an idle resident agent into the first tier (WARM) to free its sequence or cells
+        mover.park(victim)
         budgets.rebalance(urgent_only=True)
 
     hints = Hints()

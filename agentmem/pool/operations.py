@@ -14,8 +14,9 @@ import agentmem.validation as check
 from agentmem.archive import EvictedSpan
 from agentmem.engine.chat_format import Message
 from agentmem.engine.sampling import SamplingParams
-from agentmem.errors import AgentMemError, ArchiveError, ArchiveFullError, ConfigError
+from agentmem.errors import AgentBusyError, ArchiveError, ArchiveFullError, ConfigError
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard
+from agentmem.memory.tiers import EMPTY, WARM
 from agentmem.policy.placement import priority_weight
 from agentmem.pool.lifetime import in_use
 from agentmem.pool.results import ChatStream
@@ -53,24 +54,24 @@ class AgentMethods:
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot forget it now")
+            if a.held:
+                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot forget it now")
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
     @in_use
-    def park(self, agent_id: str, tier: str = "warm") -> None:
+    def park(self, agent_id: str, tier: str = WARM) -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
         self._check_open()
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
-                raise AgentMemError(f"agent {agent_id!r} is generating; cannot park it now")
+            if a.held:
+                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot park it now")
             if tier not in core.tiers:
                 raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
             current = core.where(a)[0]
-            if current != "empty" and current != tier:
+            if current != EMPTY and current != tier:
                 self._mover.move(a, tier)
             self._budgets.rebalance()
 
@@ -214,7 +215,7 @@ class AgentMethods:
             raise ConfigError("commit() needs archive_path or archive_url")
         with core.lock:
             a = core.agent(agent_id)
-            if a.busy:
+            if a.held:
                 return False
             self._mover.save(a)
             return True

@@ -2,7 +2,8 @@
 
 `Persister.write` stores the ledger (as region runs) with the parked state, its
 shared block and its sliding-window checkpoint; `Persister.resume` registers
-every archived agent as COLD so its state loads lazily on its first call.
+every archived agent as COLD (the chain's durable tier) so its state loads lazily
+on its first call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from agentmem.errors import AgentMemError, StateError
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.parking import ParkedState
 from agentmem.memory.shared import KVBlock
+from agentmem.memory.tiers import ColdTier
 from agentmem.policy.placement import priority_weight
+from agentmem.pool import residence
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.state import AgentState, PoolCore
 
@@ -83,8 +86,8 @@ class Persister:
         state is deleted in the same transaction: it no longer matches the ledger.
         """
         core = self.core
-        archive = core.archive
-        assert archive is not None
+        archive, durable = core.archive, core.tiers.durable
+        assert archive is not None and durable is not None
         arr = a.ledger.to_arrays()
         fenced = self.fenced(a.id)
         with archive.transaction():
@@ -92,14 +95,14 @@ class Persister:
                               **fenced)
             archive.put_ledger(a.id, arr["tok"], _region_runs(arr), **fenced)
             if state is None and drop_state:
-                core.tiers["cold"].delete(a.id)
+                durable.delete(a.id)
             if state is not None:
                 if state.block is not None:
                     b = core.blocks.get(state.block)
                     if b is None:
                         raise StateError(f"shared block {state.block!r} of agent {a.id!r} is gone")
                     self.blocks.archive(b)
-                core.tiers["cold"].put(a.id, state)
+                durable.put(a.id, state)
                 if state.window_ckpt is not None and a.prompt_end[1] > 0:
                     order = None if state.window_order is None else np.ascontiguousarray(state.window_order, "<i4")
                     archive.put_checkpoint(a.id, state.window_ckpt, prompt_end=a.prompt_end, layout=order, **fenced)
@@ -129,8 +132,11 @@ class Persister:
         a.budget = int(labels.pop("budget", 0) or 0)
         a.eviction = str(labels.pop("eviction", "") or "")
         a.labels = labels
-        a.tier = "cold" if rec.state_bytes else "empty"
-        if a.tier == "empty":
+        durable = core.tiers.durable
+        assert durable is not None
+        if rec.state_bytes:
+            residence.parked_in(a, durable.name, rec.codec)
+        else:
             a.ledger.clear()  # nothing decoded is kept: the next call prefills
         core.agents[a.id] = a
         core.lines.touch(a.id)
@@ -144,15 +150,17 @@ class Persister:
         for rec in archive.list_agents():
             if self._register(rec) is not None:
                 core.totals["resumed_agents"] += 1
+        durable = core.tiers.durable
+        assert durable is not None
         for aid, pe in archive.checkpoint_prompt_ends().items():
-            if aid in core.agents and core.agents[aid].tier == "cold":
+            if aid in core.agents and core.agents[aid].tier == durable.name:
                 core.agents[aid].prompt_end = pe
         for info in archive.list_shared_blocks():
             core.blocks.register(KVBlock(info.block_id, info.n_tokens, "", None, info.n_bytes))
         for aid, bid in archive.state_blocks().items():
             a = core.agents.get(aid)
             b = core.blocks.get(bid)
-            if a is not None and a.tier == "cold" and b is not None:
+            if a is not None and a.tier == durable.name and b is not None:
                 self.blocks.join(a, b)
         for b in list(core.blocks):
             if not b.refs:
@@ -173,8 +181,10 @@ class Persister:
         a = self._register(rec) if rec is not None else None
         if a is None:
             return None
-        core.tiers["cold"].track(a.id, rec.state_bytes if a.tier == "cold" else 0)
-        if a.tier != "cold":
+        durable = core.tiers.durable
+        assert isinstance(durable, ColdTier)
+        durable.track(a.id, rec.state_bytes if a.tier == durable.name else 0)
+        if a.tier != durable.name:
             return a
         pe = archive.checkpoint_prompt_ends().get(a.id)
         if pe is not None:

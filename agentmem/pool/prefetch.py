@@ -121,7 +121,7 @@ class Prefetcher:
                         continue
                     assert isinstance(item, str)
                     a = core.agents.get(item)
-                    if a is None or a.busy or a.seq is not None or a.tier not in core.tiers:
+                    if a is None or a.held or a.seq is not None or a.tier not in core.tiers:
                         continue
                     if self._restore(a):
                         a.prefetched = True

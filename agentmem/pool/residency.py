@@ -15,6 +15,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Callable
 
+from agentmem.pool import residence
 from agentmem.pool.hints import MAX_EXPECTED, Hints
 from agentmem.pool.state import AgentState, PoolCore
 
@@ -57,7 +58,7 @@ class Residency:
         core, hints = self.core, self.hints
         idle = [
             x for x in core.agents.values()
-            if x.seq is not None and not x.busy and x is not keep and (x.ledger.n_live or not with_cells)
+            if x.seq is not None and not x.held and x is not keep and (x.ledger.n_live or not with_cells)
         ]
         if not idle:
             return None
@@ -105,14 +106,12 @@ class Residency:
         finally:
             del self.waiters[a.id]
             core.cond.notify_all()
-        a.kv = self.seqs.open(a, self.free.pop(), fit=lambda attempt: self.fit(a, attempt))
+        residence.seat(a, self.seqs.open(a, self.free.pop(), fit=lambda attempt: self.fit(a, attempt)))
         return "assigned"
 
     def release(self, a: AgentState) -> None:
         """Return `a`'s sequence (already emptied by the caller: `AgentSeq.clear`) to the free list."""
-        assert a.kv is not None, f"{a.id=}"
-        self.free.append(a.kv.id)
-        a.kv = None
+        self.free.append(residence.unseat(a))
         self.core.cond.notify_all()
 
     def make_room(self, keep: AgentState) -> bool:

@@ -18,9 +18,10 @@ from typing import Any, Callable
 import numpy as np
 
 from agentmem.engine.chat_format import RenderedPrompt
-from agentmem.errors import AgentMemError, ConfigError, StateError
+from agentmem.errors import AgentBusyError, AgentMemError, ConfigError, StateError
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.shared import SHARE_PREFIX, HandoffCard, token_checksum
+from agentmem.pool import residence
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.mover import Mover
 from agentmem.pool.residency import Residency
@@ -48,14 +49,14 @@ class Sharing:
             d.kv.clear()  # the checkpoint goes too: it belonged to the old ledger
         for t in core.tiers.values():
             t.delete(d.id)
-        d.tier = "empty"
+        residence.emptied(d)
         d.ledger = Ledger()
         # the prompt end belonged to the old ledger: a checkpoint taken at it would not match the new one
         d.prompt_end = (0, 0)
         self.blocks.leave(d)
 
     def copy_prefix(self, s: AgentState, d: AgentState, n: int) -> str:
-        """Give `d` (resident) the first `n` history tokens of `s` and their KV (both busy).
+        """Give `d` (resident) the first `n` history tokens of `s` and their KV (both held).
 
         Returns `"shared"` (cells tagged from a live `s`), `"copied"` (from a live `s`'s
         state blob, with per-sequence KV streams) or `"restored"` (from its
@@ -103,7 +104,7 @@ class Sharing:
         toks = np.asarray(prompt.tokens, dtype=np.int32)
         cands: dict[str, AgentState] = {}
         for x in core.agents.values():
-            if x is a or x.busy or not len(x.ledger) or not (x.seq is not None or x.tier in core.tiers):
+            if x is a or x.held or not len(x.ledger) or not (x.seq is not None or x.tier in core.tiers):
                 continue
             if not core.tenants.may_take(x.id, a.id):
                 continue  # another tenant's cells: never shared, never even looked at (#23 finding 3)
@@ -127,14 +128,12 @@ class Sharing:
         ranked.sort(key=lambda t: (-t[0], core.agents[t[1]].seq is None, t[1]))  # longest first, live first
         for n, donor_id in ranked:
             donor = core.agents[donor_id]
-            donor.busy += 1
             try:
-                self.copy_prefix(donor, a, n)
+                with residence.pinned(donor):
+                    self.copy_prefix(donor, a, n)
             except AgentMemError as exc:  # (`a` was left empty)
                 logger.debug("prefix share from %r to %r failed: %s", donor_id, a.id, exc)
                 continue
-            finally:
-                donor.busy -= 1
             break
         else:
             return 0
@@ -159,19 +158,16 @@ class Sharing:
         if not isinstance(n, int) or not 0 < n <= len(s.ledger):
             raise ConfigError(f"upto must be in [1, {len(s.ledger)}] for agent {src!r}, got {upto!r}")
         d = core.agents.setdefault(dst, AgentState(dst))
-        if s.busy or d.busy:
-            raise AgentMemError(f"agent {(src if s.busy else dst)!r} is generating; cannot hand off now")
-        d.busy += 1
+        if s.held or d.held:
+            x = s if s.held else d
+            raise AgentBusyError(f"agent {x.id!r} is {x.residence.hold}; cannot hand off now")
         try:
-            self.reset(d)
-            self.mover.make_resident(d)  # may park the source: then its parked state is handed over
-            s.busy += 1
-            try:
-                mode = self.copy_prefix(s, d, n)
-            finally:
-                s.busy -= 1
+            with residence.pinned(d):
+                self.reset(d)
+                self.mover.make_resident(d)  # may park the source: then its parked state is handed over
+                with residence.pinned(s):
+                    mode = self.copy_prefix(s, d, n)
         finally:
-            d.busy -= 1
             s.last_used = d.last_used = time.monotonic()
             core.lines.touch(dst)
             core.cond.notify_all()
@@ -200,7 +196,7 @@ class Sharing:
         core = self.core
         with core.lock:
             sh = core.agents.get(SHARE_PREFIX + name)
-            if (sh is not None and sh.seq is not None and not sh.busy and sh.ledger.n_live == len(sh.ledger) == end
+            if (sh is not None and sh.seq is not None and not sh.held and sh.ledger.n_live == len(sh.ledger) == end
                     and core.ctx.params.kv_unified):
                 b = self.blocks.of(sh)
                 if b is None or b.n_tokens != end:

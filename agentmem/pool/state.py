@@ -18,8 +18,10 @@ from agentmem.memory.ledger import Ledger
 from agentmem.memory.parking import ParkCodec, make_park_codec
 from agentmem.memory.prefetch import TransitionPredictor
 from agentmem.memory.shared import BlockStore, PrefixIndex
+from agentmem.memory.tiers import EMPTY, HOT, TIER_NAMES, TierChain
 from agentmem.policy.placement import AgentInfo, PlacementPolicy
 from agentmem.pool.lines import LineIndex
+from agentmem.pool.residence import Residence
 from agentmem.pool.tenants import TenantScope
 
 if TYPE_CHECKING:
@@ -31,15 +33,16 @@ if TYPE_CHECKING:
     from agentmem.engine.renderer import ChatRenderer
     from agentmem.engine.context import LlamaContext, LlamaModel
     from agentmem.archive import Archive
-    from agentmem.memory.tiers import Tier
 
-__all__ = ["AGENT_COUNTERS", "POOL_TOTALS", "AgentState", "PoolCore"]
+__all__ = ["AGENT_COUNTERS", "MISS", "POOL_TOTALS", "AgentState", "PoolCore"]
 
 #: Per-agent counters (also reported under ``stats()["agents"][id]``).
 AGENT_COUNTERS = (
     "calls", "restores", "restore_failures", "parks", "demotions", "prefill_tokens", "cached_tokens",
     "evictions", "evicted_tokens",
 )
+#: The `tier_hits` key of calls whose agent had nothing kept anywhere.
+MISS = "miss"
 #: Pool-wide counters (``stats()["totals"]``).
 POOL_TOTALS = (
     "calls", "restores", "restore_failures", "parks", "demotions", "drops", "prefill_tokens", "cached_tokens",
@@ -49,27 +52,31 @@ POOL_TOTALS = (
     "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores", "canonical_calls",
     "closed_calls", "canonical_tokens",
 )
-TIERS = ("empty", "warm", "cold")
 
 
 @dataclass(slots=True)
 class AgentState:
     """What the pool keeps for one agent.
 
+    Where it lives is its `residence` (`agentmem.pool.residence.Residence`),
+    read here through `kv`, `seq`, `tier`, `codec` and `held`, and written only
+    by the functions of `agentmem.pool.residence`.
+
     Invariants (checked by `check`, which the pool calls where a call ends; the
     first and the third hold by construction):
 
     * `seq` is set exactly while the agent is *hot*: it is `kv.id`, and `kv` (the
       door to its sequence, `agentmem.pool.sequence.AgentSeq`) exists only from the
-      sequence's assignment to its release. A hot agent's `tier` is `"empty"` (its
+      sequence's assignment to its release. A hot agent's `tier` is EMPTY (its
       state lives in the sequence, not in a tier).
-    * `tier` is `"empty"`, `"warm"` or `"cold"`: where the parked state is.
+    * `tier` is EMPTY or the name of a tier of the pool's chain: where the parked state is.
     * `0 <= ledger.n_live <= len(ledger)`; the live cells of `seq` are exactly
       the ledger's live tokens, in order, at positions `0 .. n_live - 1`: only `kv`
       cuts, evicts or loads cells, and it changes the ledger with them (the decoder
       extends both as it decodes).
-    * `busy >= 0`: calls (or a handoff, a linked restore) that hold the agent; a
-      busy agent is never parked, forgotten or evicted by another thread.
+    * the residence's `calls` (the call running on the agent) and `pins` (holders
+      that need it kept in place: a handoff, a donor, a linked restore) are never
+      negative; a `held` agent is never parked, forgotten or evicted by another thread.
     * `block`, when set, names a block in the pool's `BlockStore` whose `refs`
       include this agent, and its first `block_tokens` history tokens are the
       block's tokens.
@@ -77,9 +84,7 @@ class AgentState:
 
     id: str
     ledger: Ledger = field(default_factory=Ledger)
-    kv: AgentSeq | None = None  # the door to its sequence while it is resident
-    tier: str = "empty"  # where its state is when not hot: warm / cold / empty
-    busy: int = 0
+    residence: Residence = field(default_factory=Residence)
     last_used: float = 0.0
     priority: int = 1
     budget: int = 0
@@ -95,16 +100,30 @@ class AgentState:
     evicted_regions: dict[str, int] = field(default_factory=dict)
 
     @property
+    def kv(self) -> AgentSeq | None:
+        """The door to its sequence while it is resident, else None."""
+        return self.residence.kv
+
+    @property
     def seq(self) -> int | None:
         """Its sequence id while it is resident, else None."""
-        return None if self.kv is None else self.kv.id
+        kv = self.residence.kv
+        return None if kv is None else kv.id
+
+    @property
+    def tier(self) -> str:
+        """The tier its parked state is in, else EMPTY (a resident agent's state is in its sequence)."""
+        return self.residence.tier
+
+    @property
+    def held(self) -> bool:
+        """Whether a call or a pin holds it (see `agentmem.pool.residence.Residence`)."""
+        return self.residence.held
 
     def check(self) -> None:
         """Assert the invariants that are cheap to check (see the class docstring)."""
-        assert self.tier in TIERS, f"{self.id=}, {self.tier=}"
-        assert self.seq is None or self.tier == "empty", f"{self.id=}, {self.seq=}, {self.tier=}"
+        self.residence.check(self.id)
         assert 0 <= self.ledger.n_live <= len(self.ledger), f"{self.id=}, {self.ledger.n_live=}, {len(self.ledger)=}"
-        assert self.busy >= 0, f"{self.id=}, {self.busy=}"
 
 
 class PoolCore:
@@ -123,7 +142,7 @@ class PoolCore:
         model: LlamaModel,
         ctx: LlamaContext,
         renderer: ChatRenderer,
-        tiers: dict[str, Tier],
+        tiers: TierChain,
         archive: Archive | None,
         recall_store: Archive,
         placement: PlacementPolicy,
@@ -150,7 +169,8 @@ class PoolCore:
         self.lines = LineIndex()  # per-tenant trees over conversation lines (`MemoryPool.find_line`)
         self.predictor = TransitionPredictor()
         self.totals: dict[str, int] = dict.fromkeys(POOL_TOTALS, 0)
-        self.tier_hits: dict[str, int] = {"hot": 0, "warm": 0, "cold": 0, "miss": 0}
+        # calls that found their agent in each place (HOT, each tier), or nowhere ("miss")
+        self.tier_hits: dict[str, int] = dict.fromkeys((HOT, *TIER_NAMES, *tiers, MISS), 0)
         self.codecs: dict[str, ParkCodec] = {}
         self.closed = False
         # cluster mode: the lease an agent's archive writes must carry (raises when it is not held)
@@ -190,21 +210,17 @@ class PoolCore:
         return a.budget or self.config.agent_budget_tokens
 
     def where(self, a: AgentState) -> tuple[str, int, str | None]:
-        """(tier, bytes there, codec) of `a`'s state."""
-        if a.seq is not None:
-            return "hot", (self.ctx.state_size(a.seq) if a.ledger.n_live else 0), None
-        if a.tier in self.tiers:
-            t = self.tiers[a.tier]
-            if a.tier == "warm":
-                st = t.get(a.id)
-                return "warm", t.nbytes(a.id), st.codec if st else None
-            info = self.archive.get_state_info(a.id) if self.archive else None
-            return "cold", t.nbytes(a.id), info.codec if info else None
-        return "empty", 0, None
+        """(place, bytes there, codec) of `a`'s state: HOT, a tier's name, or EMPTY."""
+        r = a.residence
+        if r.kv is not None:
+            return HOT, (self.ctx.state_size(r.kv.id) if a.ledger.n_live else 0), None
+        if r.tier in self.tiers:
+            return r.tier, self.tiers[r.tier].nbytes(a.id), r.codec
+        return EMPTY, 0, None
 
     def info(self, a: AgentState) -> AgentInfo:
         """What the placement policy sees of `a`."""
-        tier, nbytes, _ = self.where(a) if a.seq is None else ("hot", a.ledger.n_live * 20_000, None)
+        tier, nbytes, _ = self.where(a) if a.seq is None else (HOT, a.ledger.n_live * 20_000, None)
         return AgentInfo(
             id=a.id, tier=tier, nbytes=nbytes, n_tokens=a.ledger.n_live, priority=a.priority,
             idle_s=max(0.0, time.monotonic() - a.last_used), uses=a.counters["calls"],

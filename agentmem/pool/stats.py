@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentmem.memory.shared import SHARE_PREFIX
+from agentmem.memory.tiers import HOT, TIER_NAMES
 from agentmem.pool.state import PoolCore
 
 __all__ = ["pool_stats", "shared_stats"]
@@ -17,7 +18,9 @@ def pool_stats(core: PoolCore) -> dict[str, Any]:
     """The dictionary `MemoryPool.stats` returns (see its docstring)."""
     cfg = core.config
     agents: dict[str, Any] = {}
-    tiers = {t: {"agents": 0, "bytes": 0, "hits": core.tier_hits[t]} for t in ("hot", "warm", "cold")}
+    # HOT, then every tier (one the pool lacks, COLD without an archive, reports zeros)
+    names = dict.fromkeys((HOT, *TIER_NAMES, *core.tiers))
+    tiers = {t: {"agents": 0, "bytes": 0, "hits": core.tier_hits.get(t, 0)} for t in names}
     live = cfg.type_k if cfg.type_k == cfg.type_v else f"{cfg.type_k}/{cfg.type_v}"
     for a in core.agents.values():
         tier, nbytes, codec = core.where(a)
@@ -41,7 +44,7 @@ def pool_stats(core: PoolCore) -> dict[str, Any]:
             "evicted_regions": dict(a.evicted_regions),
             **a.counters,
         }
-    hot_cells = core.ctx.cells_size() if tiers["hot"]["agents"] else 0
+    hot_cells = core.ctx.cells_size() if tiers[HOT]["agents"] else 0
     bpc = core.model.kv_bytes_per_cell(cfg.type_k, cfg.type_v)
     live_cells = sum(a.ledger.n_live for a in core.agents.values() if a.seq is not None)
     totals = dict(core.totals)
@@ -50,10 +53,8 @@ def pool_stats(core: PoolCore) -> dict[str, Any]:
         # what the live agents would occupy without shared cells, minus what they do occupy
         shared_bytes_saved=max(0, live_cells * bpc - hot_cells) if (hot_cells and bpc) else 0,
         agents=len(core.agents),
-        resident=tiers["hot"]["agents"],
-        hot_bytes=tiers["hot"]["bytes"],
-        warm_bytes=tiers["warm"]["bytes"],
-        cold_bytes=tiers["cold"]["bytes"],
+        resident=tiers[HOT]["agents"],
+        **{f"{t}_bytes": v["bytes"] for t, v in tiers.items()},
         n_ctx=core.ctx.n_ctx,
         kv_layout="unified" if core.ctx.params.kv_unified else "per_sequence",
         resident_agents=cfg.resident_agents,
@@ -74,11 +75,12 @@ def shared_stats(core: PoolCore) -> dict[str, Any]:
             m = core.agents.get(x)
             if m is None or m.seq is not None or m.tier not in core.tiers:
                 continue
-            if m.tier == "warm":
-                st = core.tiers["warm"].get(x)
-                parked += bool(st is not None and st.block == b.id)
-            else:
+            t = core.tiers[m.tier]
+            if t.durable:  # the archive keeps the block's reference with the state
                 parked += 1
+            else:
+                st = t.get(x)
+                parked += bool(st is not None and st.block == b.id)
         copies = (b.data is not None) + (b.id in archived)
         saved += max(0, parked - copies) * b.nbytes
         blocks[b.id] = {

@@ -28,13 +28,15 @@ from typing import Callable, Iterator
 from agentmem.engine.chat_format import RenderedPrompt
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
 from agentmem.errors import ContextOverflowError, PoolClosedError
+from agentmem.memory.tiers import HOT
+from agentmem.pool import residence
 from agentmem.pool.canon import CallCanon, Opening
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.lifetime import Cancel
 from agentmem.pool.mover import Mover
 from agentmem.pool.results import ChatResult, Timings, Usage
 from agentmem.pool.sharing import Sharing
-from agentmem.pool.state import AgentState, PoolCore
+from agentmem.pool.state import MISS, AgentState, PoolCore
 from agentmem.tools.canonical import BareCallWatch
 
 __all__ = ["TurnRunner"]
@@ -118,7 +120,7 @@ class TurnRunner:
             with core.lock:
                 if generating:
                     self.decoder.generating -= 1
-                a.busy -= 1
+                residence.call_ends(a)
                 a.last_used = time.monotonic()
                 core.lines.touch(agent_id)  # its line key may have moved
                 core.cond.notify_all()
@@ -147,10 +149,10 @@ class TurnRunner:
                 a = core.agents.get(agent_id)
                 if a is None:
                     a = core.agents[agent_id] = AgentState(agent_id)
-                if not a.busy:  # calls of one agent run one at a time (they share one sequence)
+                if not a.held:  # calls of one agent run one at a time (they share one sequence)
                     break
                 core.cond.wait()
-            a.busy += 1
+            residence.call_begins(a)
             a.counters["calls"] += 1
             core.totals["calls"] += 1
             core.predictor.observe(agent_id)
@@ -162,7 +164,7 @@ class TurnRunner:
         tr = time.perf_counter()
         had_state = a.tier in core.tiers
         if a.seq is not None:
-            core.tier_hits["hot"] += 1
+            core.tier_hits[HOT] += 1
             if a.prefetched:
                 core.totals["prefetch_hits"] += 1
         elif had_state and core.config.prefetch and core.config.resident_agents > 1:
@@ -170,7 +172,7 @@ class TurnRunner:
         a.prefetched = False
         how = self.mover.make_resident(a).how
         if how == "fresh" and not had_state and len(a.ledger) == 0:
-            core.tier_hits["miss"] += 1
+            core.tier_hits[MISS] += 1
         timings.restore_s = time.perf_counter() - tr if how == "restored" else 0.0
         assert a.seq is not None, f"{a.id=}"
         return how

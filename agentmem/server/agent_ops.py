@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from agentmem import validation as check
 from agentmem.errors import ConfigError, UnknownAgentError
+from agentmem.memory.tiers import COLD
 from agentmem.pool import ModelEngine
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
@@ -91,7 +92,7 @@ class AgentOps:
         authorize(principal, agent_id)
         async with self._owned(agent_id), self._on(agent_id) as pool:
             await self.queue.call(pool.park, agent_id, tier)
-        if self.replica is not None and tier == "cold":
+        if self.replica is not None and tier == COLD:
             await self.replica.released(agent_id)
         return await self.show_agent(principal, agent_id)
 

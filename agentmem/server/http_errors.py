@@ -12,7 +12,7 @@ clients read into their exceptions (`openai.BadRequestError` for 400, ...).
 | `UnknownAgentError` (the body names only the id asked for) | 404 | `agent_not_found` |
 | `UnknownModelError`: a `model` the server does not serve (`param`: `model`) | 404 | `model_not_found` |
 | `ModelMismatchError`: the agent is bound to another model (`param`: `model`) | 400 | `model_mismatch` |
-| the agent is generating (forget, park, handoff) | 409 | `agent_busy` |
+| the agent is generating or pinned (forget, park, handoff) | 409 | `agent_busy` |
 | body or prompt too large | 413 | `request_too_large` |
 | the key's concurrency limit | 429 | `rate_limit_exceeded` |
 | the key's agent or parked-bytes quota (`param`: `max_agents`, `max_parked_bytes`) | 429 | `quota_exceeded` |
@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from agentmem.errors import (
+    AgentBusyError,
     AgentMemError,
     ArchiveFullError,
     ChatTemplateError,
@@ -115,7 +116,7 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(503, str(exc), code="model_unavailable", headers={"Retry-After": "5"})
     if isinstance(exc, (ConfigError, MessageError, PolicyError, ChatTemplateError)):
         return ApiError(400, str(exc), code="invalid_request", param=getattr(exc, "field", None))
-    if type(exc) is AgentMemError and "is generating" in str(exc):
+    if isinstance(exc, AgentBusyError):
         return ApiError(409, str(exc), code="agent_busy")
     if type(exc) is AgentMemError and "closed" in str(exc):
         return ApiError(503, "the server is shutting down", code="unavailable")

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from agentmem.memory.tiers import HOT
 from agentmem.pool import ChatResult
 
 __all__ = ["CONTENT_TYPE", "TTFT_BUCKETS", "ServerMetrics", "note_model", "request_model"]
@@ -278,12 +279,12 @@ def _stats_series(by_model: dict[str, dict[str, Any]], *, labelled: bool) -> Ite
         lab = [model] if labelled else []
         totals, tiers = stats["totals"], stats["tiers"]
         agents_n.add_metric(lab, totals["agents"])
-        for tier in ("hot", "warm", "cold"):
-            agents.add_metric([*lab, tier], tiers[tier]["agents"])
-            nbytes.add_metric([*lab, tier], tiers[tier]["bytes"])
-            if tier != "hot":
-                restores.add_metric([*lab, tier], tiers[tier]["hits"])
-        reuses.add_metric(lab, tiers["hot"]["hits"])
+        for tier, t in tiers.items():  # HOT, then every tier (`MemoryPool.stats`)
+            agents.add_metric([*lab, tier], t["agents"])
+            nbytes.add_metric([*lab, tier], t["bytes"])
+            if tier != HOT:
+                restores.add_metric([*lab, tier], t["hits"])
+        reuses.add_metric(lab, tiers[HOT]["hits"])
         shared.add_metric(lab, stats["shared"]["ram_bytes"])
         for name, (key, _) in _POOL_COUNTERS.items():
             counters[name].add_metric(lab, totals.get(key, 0))

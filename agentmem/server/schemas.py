@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from agentmem import validation as check
 from agentmem.errors import MessageError
+from agentmem.memory.tiers import WARM, TierName
 
 __all__ = [
     "AgentInfo",
@@ -180,7 +181,7 @@ class Usage(BaseModel):
 class ParkRequest(_Body):
     """`POST /agents/{id}?action=park`."""
 
-    tier: Literal["warm", "cold"] = "warm"
+    tier: TierName = WARM
 
 
 class PinRequest(_Body):

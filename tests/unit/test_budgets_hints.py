@@ -11,14 +11,32 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+from agentmem.memory.tiers import EMPTY, HOT, WARM, Tier, TierChain
 from agentmem.policy.placement import AgentInfo, get_policy
+from agentmem.pool import residence
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.hints import Hints
+from agentmem.pool.residence import Residence
+from agentmem.pool.state import AgentState
 
 
-class FakeTier:
-    def __init__(self, sizes: dict[str, int]) -> None:
+class FakeTier(Tier):
+    """WARM holding states of the given sizes (no bytes stored)."""
+
+    name = WARM
+
+    def __init__(self, sizes: dict[str, int], *, budget_bytes: int) -> None:
+        super().__init__(budget_bytes=budget_bytes)
         self.sizes = dict(sizes)
+
+    def put(self, agent_id: str, state: Any) -> None:
+        raise AssertionError("the budget never parks")
+
+    def get(self, agent_id: str) -> Any:
+        raise AssertionError("the budget reads no state")
+
+    def shared_bytes(self, blocks: Any) -> int:
+        return int(blocks.ram_bytes())
 
     def agents(self) -> Any:
         return iter(list(self.sizes))
@@ -38,8 +56,9 @@ class FakeMover:
         self.core, self.dropped = core, []
 
     def drop(self, a: Any) -> None:
-        self.core.tiers["warm"].delete(a.id)
-        a.tier = "empty"
+        self.core.tiers[WARM].delete(a.id)
+        residence.emptied(a)
+        assert a.tier == EMPTY
         self.dropped.append(a.id)
 
 
@@ -49,13 +68,15 @@ def pool(*, budget: int, warm: dict[str, int], live: dict[str, int], busy: set[s
     idle = idle or {}
     agents = {}
     for i, (x, n) in enumerate(live.items()):
-        agents[x] = SimpleNamespace(id=x, tier="hot", seq=i, busy=x in busy, ledger=SimpleNamespace(n_live=10))
+        agents[x] = SimpleNamespace(id=x, tier=HOT, seq=i, held=x in busy, ledger=SimpleNamespace(n_live=10))
     for x in warm:
-        agents[x] = SimpleNamespace(id=x, tier="warm", seq=None, busy=x in busy, ledger=SimpleNamespace(n_live=10))
+        a = agents[x] = AgentState(x, residence=Residence(tier=WARM, codec="f16", calls=int(x in busy)))
+        a.ledger.extend(list(range(10)))
     sizes_by_seq = {i: n for i, n in enumerate(live.values())}
     core = SimpleNamespace(
         config=SimpleNamespace(warm_budget_bytes=budget, cold_budget_bytes=0, watermark_high=0.9, watermark_low=0.7),
-        tiers={"warm": FakeTier(warm)}, agents=agents, blocks=SimpleNamespace(ram_bytes=lambda: 0),
+        tiers=TierChain([FakeTier(warm, budget_bytes=budget)]), agents=agents,
+        blocks=SimpleNamespace(ram_bytes=lambda: 0),
         ctx=SimpleNamespace(state_size=lambda seq: sizes_by_seq[seq]), placement=get_policy("lru"),
         info=lambda a: AgentInfo(a.id, a.tier, 0, 10, 1, idle.get(a.id, 1.0), 1, math.inf),
     )
@@ -115,11 +136,11 @@ def test_a_prefetch_that_parks_another_agent_keeps_its_own_state(tiny_model_path
         real = mover.residency.acquire
 
         def acquire(x, **kw):
-            seen.append(x.busy)
+            seen.append(x.residence.pins)
             return real(x, **kw)
 
         mover.residency.acquire = acquire
         with core.lock:
             placed = mover.make_resident(core.agents["b"], prefetch=True)
         assert placed.how == "restored" and seen == [1], (placed, seen)
-        assert core.agents["b"].busy == 0 and core.agents["b"].seq is not None
+        assert not core.agents["b"].held and core.agents["b"].seq is not None

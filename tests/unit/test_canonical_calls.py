@@ -18,6 +18,7 @@ import pytest
 
 from agentmem.engine.sampling import SamplingParams, TextAssembler
 from agentmem.errors import ConfigError
+from agentmem.pool import residence
 from agentmem.pool.state import AgentState
 from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.sequence import Sequences
@@ -177,7 +178,8 @@ def script_runner(script: list[int]) -> tuple[FakeCore, ScriptDecoder, TurnRunne
     runner = TurnRunner(core, mover=None, sharing=None, decoder=dec,  # type: ignore[arg-type]
                         after_call=lambda _: None)
     a = AgentState("a")
-    a.kv = Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow()).open(a, 0, fit=lambda attempt: attempt())  # type: ignore[arg-type]
+    seqs = Sequences(core.ctx, BlockRefs(core), core.totals, window=NoWindow())  # type: ignore[arg-type]
+    residence.seat(a, seqs.open(a, 0, fit=lambda attempt: attempt()))
     return core, dec, runner, a
 
 

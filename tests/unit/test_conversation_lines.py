@@ -19,7 +19,9 @@ import pytest
 from agentmem import MemoryPool, PoolConfig
 from agentmem.engine.chat_format import Span
 from agentmem.memory.ledger import Ledger
+from agentmem.memory.tiers import WARM
 from agentmem.pool.lines import LineIndex, line_marks
+from agentmem.pool.residence import Residence
 from agentmem.pool.state import AgentState
 from agentmem.pool.tenants import TenantScope
 
@@ -183,8 +185,8 @@ def _fake_core(n: int) -> SimpleNamespace:
         led.extend(system + user + [1, 2], [Span(0, 300, "system", 0), Span(300, 320, "user", 1),
                                             Span(320, 322, "assistant", -1)])
         led.extend(rng.integers(10, 500, 10).tolist(), None, region="assistant", message=2)
-        agents[f"conv-{i}"] = AgentState(f"conv-{i}", ledger=led, tier="warm")
-    return SimpleNamespace(agents=agents, tenants=TenantScope(()), tiers={"warm": None}, config=PoolConfig())
+        agents[f"conv-{i}"] = AgentState(f"conv-{i}", ledger=led, residence=Residence(tier=WARM, codec="f16"))
+    return SimpleNamespace(agents=agents, tenants=TenantScope(()), tiers={WARM: None}, config=PoolConfig())
 
 
 def test_lookup_cost_is_flat_in_the_number_of_kept_states() -> None:

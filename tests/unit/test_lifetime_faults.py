@@ -389,7 +389,7 @@ def _idle(pool: MemoryPool, agent_id: str, timeout_s: float = 10.0) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         a = pool.engine()._core.agents.get(agent_id)
-        if a is not None and not a.busy:
+        if a is not None and not a.held:
             return time.monotonic() - t0
         time.sleep(0.01)
     raise AssertionError(f"{agent_id} still busy after {timeout_s} s")

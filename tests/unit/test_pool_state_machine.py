@@ -412,7 +412,7 @@ class PoolMachine(RuleBasedStateMachine):
             for aid, k in self.known.items():
                 a = core.agents[aid]
                 a.check()
-                assert a.busy == 0, f"{aid}: {a.busy=} between calls"
+                assert not a.held, f"{aid}: {a.residence=} between calls"
                 hist = pool.history_tokens(aid)
                 assert hist == k.expected, f"{aid}: {len(hist)=}, {len(k.expected)=}"
                 live = pool.tokens(aid)

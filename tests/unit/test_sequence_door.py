@@ -18,6 +18,7 @@ import pytest
 
 from agentmem.errors import StateError
 from agentmem.memory.parking import ParkedState
+from agentmem.pool import residence
 from agentmem.pool.sequence import AgentSeq, Sequences
 from agentmem.pool.state import AgentState
 from agentmem.pool.window import NoWindow
@@ -87,14 +88,15 @@ def door(n_tokens: int = 10, *, window: NoWindow | None = None) -> tuple[AgentSe
     a = AgentState("a")
     a.ledger.extend(list(range(n_tokens)))
     seqs = Sequences(ctx, blocks, totals, window=window or NoWindow())  # type: ignore[arg-type]
-    a.kv = seqs.open(a, 3, fit=lambda attempt: attempt())
+    residence.seat(a, seqs.open(a, 3, fit=lambda attempt: attempt()))
+    assert a.kv is not None
     return a.kv, ctx, blocks, totals
 
 
 def test_seq_is_the_doors_id_while_resident() -> None:
     kv, *_ = door()
     assert kv.agent.seq == 3
-    kv.agent.kv = None
+    residence.unseat(kv.agent)
     assert kv.agent.seq is None
 
 
