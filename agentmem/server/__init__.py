@@ -8,6 +8,7 @@ A thin adapter over one `MemoryPool`, or a `ModelPool` of several models (llama.
 `identity.py` finds the agent of a request (header, `user`, `agent_id`) and checks its scope.
 `http_errors.py` maps agentmem's exceptions to OpenAI-shaped 4xx answers.
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
+`bodies.py` admits a request, then decodes and validates its body in a worker thread (`json_body`).
 `calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
 `registry.py` chooses a request's model and holds it loaded for the call (`OneModel`, `ManyModels`, `Target`).

@@ -29,12 +29,18 @@ from agentmem.errors import AgentMemError
 from agentmem.models import ModelPool
 from agentmem.pool import MemoryPool
 from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
+from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentmem.server.auth import KeyRing, Principal
+from agentmem.server.bodies import document_bodies
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError, error_body, from_exception
 from agentmem.server.metrics import CONTENT_TYPE, request_model
+from agentmem.server.ollama_schemas import ChatRequest as OllamaChat
+from agentmem.server.ollama_schemas import GenerateRequest as OllamaGenerate
+from agentmem.server.responses_schemas import ResponseCreateRequest
 from agentmem.server.responses_store import ResponseStore
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["BodyLimit", "create_app"]
@@ -187,8 +193,10 @@ def create_app(
         finally:
             await eng.stop()
 
+    docs = settings.api_docs  # off by default (#33 M3: they answered without a key)
     app = FastAPI(title="agentmem", summary="OpenAI-compatible server where every agent keeps its KV memory",
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.engine = eng
     app.state.keys = keys
     app.state.settings = settings
@@ -199,6 +207,8 @@ def create_app(
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(agents_api.router)
+    document_bodies(app, [ChatCompletionRequest, CompletionRequest, ResponseCreateRequest, MessagesRequest,
+                          CountTokensRequest, OllamaChat, OllamaGenerate])
 
     @app.get("/metrics")
     async def metrics(who: Principal = Depends(principal), e: Engine = Depends(engine)) -> Response:

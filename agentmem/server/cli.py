@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="a request naming no agent: the conversation its history continues, or a new one "
                           "(lines, the default), 400 (reject) or the key's one anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
+    sec.add_argument("--end-users", action="store_true",
+                     help="keep each end user of a key apart (X-End-User, else the user field): no shared lines, "
+                          "prefixes or cached_tokens across end users; user then names the end user, not the agent")
+    sec.add_argument("--api-docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
     model.add_argument("--decode-strategy", choices=("lazy", "free_then_forced"), default="lazy",
                        help="a free tool turn: one decode under a lazy call grammar (lazy, the default), or free "
                             "then once more forced when it was a broken call (free_then_forced)")
@@ -86,6 +90,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="agents one scoped key may keep; more is a 429 (256; 0 = no limit)")
     lim.add_argument("--max-parked-bytes", type=int, default=1 << 30,
                      help="parked KV bytes one scoped key's agents may keep; over it calls get 429 (1 GiB; 0 = none)")
+    lim.add_argument("--max-input-items", type=int, default=4096,
+                     help="messages or Responses input items one request may carry; more is a 413 (4096)")
+    lim.add_argument("--max-lines", type=int, default=64,
+                     help="anonymous conversations one key keeps; a new one past it forgets the least recently "
+                          "used (64; 0 = no cap)")
+    lim.add_argument("--line-park", type=float, default=300.0, metavar="S",
+                     help="park an anonymous conversation idle this long (300; 0 = never)")
+    lim.add_argument("--line-idle", type=float, default=3600.0, metavar="S",
+                     help="forget an anonymous conversation idle this long (3600; 0 = never)")
     lim.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S", help="seconds in-flight requests get at SIGTERM (10)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level (info)")
 
@@ -160,7 +173,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         metrics_public=args.metrics_public,
         durability=args.durability or ("call" if args.archive_url else "exit"),
         cluster=bool(args.archive_url), replica_id=args.replica_id, lease_ttl_s=args.lease_ttl,
-        decode_strategy=args.decode_strategy,
+        decode_strategy=args.decode_strategy, max_input_items=args.max_input_items,
+        max_lines_per_key=args.max_lines, line_park_s=args.line_park, line_idle_s=args.line_idle,
+        end_users=args.end_users, api_docs=args.api_docs,
     )
     if settings.durability == "call" and not (config.archive_path or args.archive_url):
         raise ConfigError("--durability call needs --archive")

@@ -32,7 +32,7 @@ from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
 from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
-from agentmem.server.quotas import CallLease, Quotas
+from agentmem.server.quotas import Quotas
 from agentmem.server.registry import ManyModels, Models, OneModel, Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
@@ -214,27 +214,14 @@ class Engine(AgentOps):
         """A concurrency slot for a request (429/503 otherwise)."""
         return self.queue.admit(principal)
 
-    async def admit_call(self, principal: Principal, target: Target) -> Lease:
-        """A slot for a call of `target`: 429 over the key's calls in flight, agents or parked bytes; 503.
+    async def admit_call(self, lease: Lease, target: Target) -> Lease:
+        """Reserve the key's quotas for a call of `target` under the request's admission `lease`
+        (`serving.admitted`, taken before any work): 429 over the key's agents or parked bytes.
 
-        The target's line claim and model lease end with the returned lease (or now, when admission fails).
+        The reservation ends with `lease`, as the target's line claim and model lease do.
         """
-        try:
-            lease = self.queue.admit(principal)
-            try:
-                settle = await self.quotas.reserve(principal, target.agent_id, self.models)
-            except BaseException:
-                lease.release()
-                raise
-        except BaseException:
-            target.release()
-            raise
-
-        def end() -> None:
-            settle()
-            target.release()
-
-        return CallLease(lease.queue, lease.principal, settle=end)  # takes over the queue's slot
+        lease.then(await self.quotas.reserve(lease.principal, target.agent_id, self.models))
+        return lease
 
     # ------------------------------------------------------------------ which agent, which model
     async def seat(self, agent_id: str, model: str | None) -> Target:

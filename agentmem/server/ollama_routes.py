@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, Request
 import agentmem
 from agentmem.model import model_fingerprint
 from agentmem.server.auth import Principal
+from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
@@ -42,7 +43,8 @@ from agentmem.server.ollama_schemas import (
 )
 from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.registry import ManyModels
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.queue import Lease
+from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 
 __all__ = ["router"]
@@ -100,16 +102,25 @@ async def _loaded(eng: Engine, model: str | None) -> str:
     return seat.name
 
 
-@router.post("/api/chat")
-async def chat(req: ChatRequest, request: Request, who: Principal = Depends(principal),
-               eng: Engine = Depends(engine)) -> Any:
+@router.post("/api/chat", openapi_extra=body_schema(ChatRequest))
+async def chat(
+        request: Request, req: ChatRequest = Depends(json_body(ChatRequest, "messages")),
+        eng: Engine = Depends(engine)) -> Any:
     """Ollama chat: NDJSON chunks (default) or one object; tools, `format`, `options`."""
     t0 = time.perf_counter()
-    if not req.messages:  # Ollama answers an empty chat by loading the model
-        return {"model": await _loaded(eng, req.model), "created_at": _now(), "message": _message(""), "done": True,
-                "done_reason": "load"}
-    body = to_chat_request(req)
-    target = await find_agent(eng, who, request, body)
+    async with admitted(request) as lease:
+        if not req.messages:  # Ollama answers an empty chat by loading the model
+            try:
+                return {"model": await _loaded(eng, req.model), "created_at": _now(), "message": _message(""),
+                        "done": True, "done_reason": "load"}
+            finally:
+                lease.release()
+        return await _chat(eng, lease, request, req, t0)
+
+
+async def _chat(eng: Engine, lease: Lease, request: Request, req: ChatRequest, t0: float) -> Any:
+    body = await off_loop(to_chat_request, req)
+    target = await find_agent(eng, lease, request, body)
     model = target.model
 
     def render(event: Event) -> list[bytes]:
@@ -127,23 +138,32 @@ async def chat(req: ChatRequest, request: Request, who: Principal = Depends(prin
         return out
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_chat(target, body), req.stream,
+        eng, lease, target, request, lambda: eng.prepare_chat(target, body), req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "message": _message(o.reply.content or "", o),
                          **_counters(o, t0)},
         render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )
 
 
-@router.post("/api/generate")
-async def generate(req: GenerateRequest, request: Request, who: Principal = Depends(principal),
-                   eng: Engine = Depends(engine)) -> Any:
+@router.post("/api/generate", openapi_extra=body_schema(GenerateRequest))
+async def generate(
+        request: Request, req: GenerateRequest = Depends(json_body(GenerateRequest, "prompt")),
+        eng: Engine = Depends(engine)) -> Any:
     """Ollama generate: `prompt` (+ `system`) through the chat template, or `raw`."""
     t0 = time.perf_counter()
-    if not req.prompt:  # Ollama answers an empty prompt by loading the model
-        return {"model": await _loaded(eng, req.model), "created_at": _now(), "response": "", "done": True,
-                "done_reason": "load"}
-    body = to_generate_request(req)
-    target = await find_agent(eng, who, request, body)
+    async with admitted(request) as lease:
+        if not req.prompt:  # Ollama answers an empty prompt by loading the model
+            try:
+                return {"model": await _loaded(eng, req.model), "created_at": _now(), "response": "", "done": True,
+                        "done_reason": "load"}
+            finally:
+                lease.release()
+        return await _generate(eng, lease, request, req, t0)
+
+
+async def _generate(eng: Engine, lease: Lease, request: Request, req: GenerateRequest, t0: float) -> Any:
+    body = await off_loop(to_generate_request, req)
+    target = await find_agent(eng, lease, request, body)
     model = target.model
 
     def prepare() -> Any:
@@ -159,7 +179,7 @@ async def generate(req: GenerateRequest, request: Request, who: Principal = Depe
         return [_line({"model": model, "created_at": _now(), "response": "", **_counters(value, t0)})]
 
     return await respond(
-        eng, who, target, request, prepare, req.stream,
+        eng, lease, target, request, prepare, req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "response": o.reply.content or "", **_counters(o, t0)},
         render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )

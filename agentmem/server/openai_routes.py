@@ -17,10 +17,12 @@ from fastapi.responses import JSONResponse
 
 from agentmem.server import responses as R
 from agentmem.server.auth import Principal
+from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.queue import Lease
+from agentmem.server.serving import admitted, find_agent, respond
 
 __all__ = ["router"]
 
@@ -33,11 +35,17 @@ _MODEL_FIELDS = ("state", "device", "weights_bytes", "ctx_bytes", "agents", "in_
 """What `/v1/models` says of each model, with several (`ModelPool.models()`; bytes: known once loaded)."""
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
-                           eng: Engine = Depends(engine)) -> Any:
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_completions(
+        request: Request, req: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest, "messages")),
+        eng: Engine = Depends(engine)) -> Any:
     """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
-    target = await find_agent(eng, who, request, req)
+    async with admitted(request) as lease:
+        return await _chat(eng, lease, request, req)
+
+
+async def _chat(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest) -> Any:
+    target = await find_agent(eng, lease, request, req)
     ids = R.Ids("chatcmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -49,17 +57,23 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
+        eng, lease, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
         reply=lambda out: R.chat_completion(ids, out),
         render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
     )
 
 
-@router.post("/v1/completions")
-async def completions(req: CompletionRequest, request: Request, who: Principal = Depends(principal),
-                      eng: Engine = Depends(engine)) -> Any:
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+async def completions(
+        request: Request, req: CompletionRequest = Depends(json_body(CompletionRequest, "prompt")),
+        eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
-    target = await find_agent(eng, who, request, req)
+    async with admitted(request) as lease:
+        return await _completion(eng, lease, request, req)
+
+
+async def _completion(eng: Engine, lease: Lease, request: Request, req: CompletionRequest) -> Any:
+    target = await find_agent(eng, lease, request, req)
     ids = R.Ids("cmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -74,7 +88,7 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
+        eng, lease, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
         reply=lambda out: R.completion(ids, out),
         render=render, head=[],
     )

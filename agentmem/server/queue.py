@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncContextManager, AsyncIterator, Callable, TypeVar
 
 from agentmem.calls import AgentTurns
@@ -33,16 +33,33 @@ _T = TypeVar("_T")
 
 @dataclass(eq=False)
 class Lease:
-    """One admitted request of a principal; `release` (idempotent) frees its slot."""
+    """One admitted request of a principal; `release` (idempotent) frees its slot, then runs `then`'s callbacks.
+
+    A route takes its lease first, before it converts, renders or looks anything up
+    (#33 F1: work before admission let one key stall the others), and hands it on:
+    whatever the request holds later (a quota reservation, a line claim, a model lease)
+    is added with `then` and ends with it.
+    """
 
     queue: AgentQueue
     principal: Principal
     released: bool = False
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def then(self, end: Callable[[], None]) -> None:
+        """Run `end` when the lease is released (at once when it already was)."""
+        if self.released:
+            end()
+        else:
+            self.after.append(end)
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.queue._release(self.principal)
+            ends, self.after = self.after, []
+            for end in reversed(ends):
+                end()
 
 
 class AgentQueue:

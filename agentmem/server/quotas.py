@@ -30,16 +30,14 @@ the other agent actions never create agents (`Engine`: 404 for an unknown one).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from agentmem.pool.tenants import TenantUsage
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
-from agentmem.server.queue import Lease
 from agentmem.server.settings import ServerSettings
 
-__all__ = ["CallLease", "Quotas"]
+__all__ = ["Quotas"]
 
 
 class UsageSource(Protocol):
@@ -50,18 +48,6 @@ class UsageSource(Protocol):
 
 def _nothing() -> None:
     return None
-
-
-@dataclass(eq=False)
-class CallLease(Lease):
-    """A `Lease` that, released, also returns the call's new-agent reservation (`settle`)."""
-
-    settle: Callable[[], None] = _nothing
-
-    def release(self) -> None:
-        if not self.released:
-            super().release()
-            self.settle()
 
 
 class Quotas:

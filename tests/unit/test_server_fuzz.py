@@ -65,7 +65,7 @@ def fuzz_server(tiny_qwen2_path: Path, tmp_path_factory: pytest.TempPathFactory)
     cmd = [sys.executable, "-m", "agentmem.cli", "serve", "--model", str(tiny_qwen2_path), "--port", str(port),
            "--threads", "1", "--n-ctx", "2048", "--resident", "2", "--model-name", "tiny", "--keys-file", str(keys),
            "--archive", str(tmp / "agents.db"), "--anonymous", "per-key", "--max-tokens-limit", "8",
-           "--default-max-tokens", "4", "--max-prompt-tokens", "600", "--max-body-bytes", "65536",
+           "--default-max-tokens", "4", "--max-prompt-tokens", "600", "--max-body-bytes", "65536", "--api-docs",
            "--log-level", "error"]
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
