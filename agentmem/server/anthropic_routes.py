@@ -69,7 +69,8 @@ async def messages(
 
 async def _messages(eng: Engine, lease: Lease, request: Request, req: MessagesRequest,
                     chat: ChatCompletionRequest) -> Any:
-    target = await find_agent(eng, lease, request, chat)
+    target = await find_agent(eng, lease, request, chat, end_user_name="metadata.user_id",
+                              end_user_field=req.metadata.user_id if req.metadata is not None else None)
     msg_id = A.new_id("msg")
     stop_of = functools.partial(_matched_stop, target, req.stop_sequences)
     stream = A.MessageStream(msg_id, target.model, stop_of)

@@ -27,9 +27,10 @@ from agentmem.models import ModelLease, ModelPool
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
-from agentmem.server.auth import Principal
+from agentmem.server.auth import Principal, key_space
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
+from agentmem.server.lifecycle import Lifecycle
 from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import Quotas
@@ -130,13 +131,14 @@ class Engine(AgentOps):
             self.pool.add_tenants(tenants)
         elif self.team is not None and tenants:
             self.team.add_tenants(tenants)
-        self.quotas = Quotas(settings)
+        self.quotas = Quotas(settings, tenants)
         self.own_pool = self._config is not None if own_pool is None else own_pool
         self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
         self.processing = 0
         self._runners: dict[str, CallRunner] = {}
         self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
                                else OneModel(self._pool, lambda: self.model_name))
+        self.lifecycle = Lifecycle(self)
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
@@ -183,9 +185,11 @@ class Engine(AgentOps):
             self.pool = await asyncio.to_thread(MemoryPool, config=self._config)
         if self.replica is not None:
             self.replica.start()
+        self.lifecycle.start()
 
     async def stop(self) -> None:
         """Finish or cancel in-flight calls, then close an owned pool (checkpointing its archive)."""
+        await self.lifecycle.stop()
         await self.queue.shutdown(self.settings.shutdown_grace_s)
         owned = self.team if self.team is not None else self.pool
         if owned is not None and self.own_pool:
@@ -218,8 +222,11 @@ class Engine(AgentOps):
         """Reserve the key's quotas for a call of `target` under the request's admission `lease`
         (`serving.admitted`, taken before any work): 429 over the key's agents or parked bytes.
 
-        The reservation ends with `lease`, as the target's line claim and model lease do.
+        The reservation ends with `lease`, as the target's line claim and model lease do. A new
+        anonymous conversation first forgets the key's least recently used ones past its caps
+        (`Lifecycle.make_room`): a key used normally never meets a 429 for them.
         """
+        await self.lifecycle.make_room(lease.principal, target)
         lease.then(await self.quotas.reserve(lease.principal, target.agent_id, self.models))
         return lease
 
@@ -231,17 +238,18 @@ class Engine(AgentOps):
         return Target(agent_id, seat)
 
     async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest,
-                        model: str | None = None) -> Target:
+                        model: str | None = None, *, space: str | None = None) -> Target:
         """The agent of a request that names none (`--anonymous lines`): the conversation it continues, or a new one.
 
         Looked up in the key's scope (its prefix's tenant; `agentmem.pool.lines`) on the prompt
         the call will render (tools and the JSON block included), among the lines of the
-        request's model only; the line stays claimed until the call's lease is released.
+        request's model only; the line stays claimed until the call's lease is released. `space`:
+        the request's end-user space (`--end-users`), else the key's (`auth.key_space`).
         """
         seat = await self.models.model_seat(model)
         note_model(seat.name)
         try:
-            scope = "" if principal.name == "local" else principal.prefix
+            scope = key_space(principal) if space is None else space
             line = await self.queue.call(self._lookup(req, seat.pool, scope))
             if self.team is not None:
                 line = await self._bind_line(req, seat, scope, line)

@@ -253,13 +253,19 @@ async def tags(who: Principal = Depends(principal), eng: Engine = Depends(engine
 
 @router.get("/api/ps")
 async def ps(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The loaded models (one model stays loaded while the server runs; several load and unload)."""
-    del who
+    """The loaded models (one model stays loaded while the server runs; several load and unload).
+
+    With several, a scoped key sees only the loaded models its own agents are bound to: which
+    models another tenant keeps loaded is that tenant's activity (#33 F6).
+    """
     if isinstance(eng.models, ManyModels):
         models = eng.models
 
+        def mine(name: str) -> bool:
+            return who.admin or any(who.allows(a) for a in models.team.bindings.agents(name))
+
         def running() -> list[dict[str, Any]]:
-            return [_running(lease.name, lease.pool) for lease in models.each_loaded()]
+            return [_running(lease.name, lease.pool) for lease in models.each_loaded() if mine(lease.name)]
 
         return {"models": await eng.queue.call(running)}
     return {"models": [_running(eng.model_name, _pool_model(eng))]}

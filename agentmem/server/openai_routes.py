@@ -94,18 +94,31 @@ async def _completion(eng: Engine, lease: Lease, request: Request, req: Completi
     )
 
 
+_TENANT_FIELDS = ("device",)
+"""What a scoped key sees of each model, with several: no state, bytes (known once loaded), loads or calls in
+flight, which show other tenants' activity (#33 F6); `agents` counts its own."""
+
+
 @router.get("/v1/models")
 async def models(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The one model this server runs; with several, each with its state in an `agentmem` object."""
-    del who
+    """The one model this server runs; with several, each with its state in an `agentmem` object.
+
+    An admin key sees every model's state, agents, calls in flight and load counts; a scoped key
+    sees only what says nothing of other tenants, and its own agents per model.
+    """
     if eng.team is None:
         return {"object": "list",
                 "data": [{"id": eng.model_name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
-    default = eng.team.bindings.default
+    team = eng.team
+    default, listed = team.bindings.default, team.models()
+    if who.admin:
+        rows = [{"default": m["name"] == default, **{k: m[k] for k in _MODEL_FIELDS}} for m in listed]
+    else:
+        rows = [{"default": m["name"] == default, **{k: m[k] for k in _TENANT_FIELDS},
+                 "agents": sum(1 for a in team.bindings.agents(m["name"]) if who.allows(a))} for m in listed]
     return {"object": "list", "data": [
-        {"id": m["name"], "object": "model", "created": 0, "owned_by": "agentmem",
-         "agentmem": {"default": m["name"] == default, **{k: m[k] for k in _MODEL_FIELDS}}}
-        for m in eng.team.models()]}
+        {"id": m["name"], "object": "model", "created": 0, "owned_by": "agentmem", "agentmem": row}
+        for m, row in zip(listed, rows)]}
 
 
 @router.get("/health")

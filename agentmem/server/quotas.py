@@ -55,11 +55,36 @@ class Quotas:
 
     Args:
         settings: the server-wide defaults (`max_agents_per_key`, `max_parked_bytes_per_key`).
+        prefixes: the scoped keys' prefixes: a key's quota counts its own agents, not those of a
+            key nested in its prefix (`team-a/red/` inside `team-a/`).
     """
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, prefixes: tuple[str, ...] = ()) -> None:
         self.settings = settings
+        self.prefixes = prefixes
         self._pending: dict[str, set[str]] = {}  # key name -> new agents whose first call is running
+
+    def _nested(self, prefix: str) -> list[str]:
+        """The other keys' prefixes inside `prefix` (`team-a/red/` inside `team-a/`), outermost only."""
+        inner = [q for q in self.prefixes if q != prefix and q.startswith(prefix)]
+        return [q for q in inner if not any(q != o and q.startswith(o) for o in inner)]
+
+    def own_agents(self, principal: Principal, agents: frozenset[str]) -> frozenset[str]:
+        """Of `agents` (under the principal's prefix), those of its own key: a nested key's are not (#33 F7)."""
+        if principal.admin:
+            return agents
+        nested = tuple(self._nested(principal.prefix))
+        return frozenset(a for a in agents if not a.startswith(nested)) if nested else agents
+
+    def usage(self, principal: Principal, pool: UsageSource) -> TenantUsage:
+        """What `principal`'s own key keeps: its prefix's agents and bytes, less nested keys' (blocking)."""
+        usage = pool.tenant_usage(principal.prefix)
+        if principal.admin:
+            return usage
+        for q in self._nested(principal.prefix):
+            inner = pool.tenant_usage(q)
+            usage = TenantUsage(usage.agents - inner.agents, usage.parked_bytes - inner.parked_bytes)
+        return usage
 
     def limits(self, principal: Principal) -> tuple[int, int]:
         """`(max_agents, max_parked_bytes)` of `principal` (`0`: no limit)."""
@@ -77,7 +102,7 @@ class Quotas:
         max_agents, max_bytes = self.limits(principal)
         if not (max_agents or max_bytes):
             return _nothing
-        usage = await asyncio.to_thread(pool.tenant_usage, principal.prefix)
+        usage = await asyncio.to_thread(self.usage, principal, pool)
         # no await from here on: the check and the reservation are one step of the event loop
         pending = self._pending.setdefault(principal.name, set())
         known = agent_id in usage.agents or agent_id in pending

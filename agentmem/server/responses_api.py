@@ -273,7 +273,8 @@ async def _agent_of(eng: Engine, lease: Lease, request: Request, chat: ChatCompl
         return await find_agent(eng, lease, request, chat)
     who = lease.principal
     model = eng.models.choose(chat.model)
-    named = resolve_agent_id(who, header=agent_header(request.headers), user=chat.user, extension=chat.agent_id,
+    user = None if eng.settings.end_users else chat.user  # --end-users: `user` is the end user, not the agent
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=chat.agent_id,
                              anonymous="lines")  # "lines": None when none is named (the previous one is)
     agent_id = named if named is not None else authorize(who, prev.agent_id, field="previous_response_id")
     target = await eng.seat(agent_id, model)

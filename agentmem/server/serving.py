@@ -26,10 +26,10 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentmem.server import responses as R
-from agentmem.server.auth import Principal
+from agentmem.server.auth import end_user_space
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
-from agentmem.server.identity import AGENT_HEADER, agent_header, resolve_agent_id
+from agentmem.server.identity import AGENT_HEADER, agent_header, end_user, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -152,16 +152,26 @@ async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
-async def find_agent(eng: Engine, lease: Lease, request: Request,
-                     req: ChatCompletionRequest | CompletionRequest) -> Target:
+async def find_agent(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest | CompletionRequest,
+                     *, end_user_field: str | None = None, end_user_name: str = "user") -> Target:
     """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed;
     with the lease on its model (the request's `model`, the agent's, or the default: the one place
-    a request's model is chosen). Both end with the admission `lease` (`respond` releases it)."""
+    a request's model is chosen). Both end with the admission `lease` (`respond` releases it).
+
+    With `--end-users` the request's end user (`X-End-User`, else `end_user_field`: the body's
+    `user` unless given, Anthropic's `metadata.user_id`) scopes its lines and its per-key agent
+    (`auth.end_user_space`), and `user` names no agent.
+    """
     who = lease.principal
     model = eng.models.choose(req.model)
-    named = resolve_agent_id(who, header=agent_header(request.headers), user=req.user, extension=req.agent_id,
-                             anonymous=eng.settings.anonymous, model=eng.models.per_key_model(model))
-    target = await eng.seat(named, model) if named is not None else await eng.find_line(who, req, model)
+    space, user = None, req.user
+    if eng.settings.end_users:
+        field = req.user if end_user_field is None else end_user_field
+        name = end_user(request.headers, field, name=end_user_name)
+        space, user = (end_user_space(who, name) if name else None), None
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=req.agent_id,
+                             anonymous=eng.settings.anonymous, model=eng.models.per_key_model(model), space=space)
+    target = await eng.seat(named, model) if named is not None else await eng.find_line(who, req, model, space=space)
     lease.then(target.release)
     return target
 
