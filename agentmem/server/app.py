@@ -35,6 +35,7 @@ from agentmem.server.bodies import document_bodies
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError, error_body, from_exception
+from agentmem.server.idempotency import Replayed, Replays
 from agentmem.server.metrics import CONTENT_TYPE, request_model
 from agentmem.server.ollama_schemas import ChatRequest as OllamaChat
 from agentmem.server.ollama_schemas import GenerateRequest as OllamaGenerate
@@ -138,6 +139,10 @@ def _install_handlers(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return answer(exc)
 
+    @app.exception_handler(Replayed)
+    async def _replayed(_: Request, exc: Replayed) -> JSONResponse:
+        return exc.response()
+
     @app.exception_handler(AgentMemError)
     async def _agentmem(_: Request, exc: AgentMemError) -> JSONResponse:
         return answer(from_exception(exc))
@@ -201,6 +206,7 @@ def create_app(
     app.state.keys = keys
     app.state.settings = settings
     app.state.responses = ResponseStore()  # POST /v1/responses keeps its responses here
+    app.state.replays = Replays()  # answers kept for retries that send Idempotency-Key (bodies.json_body)
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(responses_api.router)

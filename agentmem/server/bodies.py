@@ -35,6 +35,7 @@ from pydantic.json_schema import models_json_schema
 from agentmem.server.auth import Principal
 from agentmem.server.deps import principal
 from agentmem.server.http_errors import ApiError
+from agentmem.server.idempotency import Replayed, Replays
 
 __all__ = ["body_schema", "document_bodies", "json_body"]
 
@@ -66,6 +67,21 @@ def _parse(model: type[_M], raw: bytes, field: str, limit: int) -> _M:
 _turns: dict[str, asyncio.Lock] = {}  # key name -> its one body being decoded
 
 
+def _retry(request: Request, lease: Any, who: Principal, raw: bytes) -> None:
+    """A request with an id (`Idempotency-Key`): its saved answer (`Replayed`), or it is marked running until
+    its lease ends, and `serving.respond` keeps its answer (`agentmem.server.idempotency`)."""
+    rid = Replays.request_id(request)
+    if rid is None:
+        return
+    replays: Replays = request.app.state.replays
+    key = (who.name, request.url.path, rid)
+    saved = replays.begin(key, raw)
+    if saved is not None:
+        raise Replayed(saved)
+    request.state.replay = key
+    lease.then(lambda: replays.end(key))
+
+
 def json_body(model: type[_M], field: str) -> Callable[..., Awaitable[_M]]:
     """A FastAPI dependency: admit the request, then its JSON body as `model`, decoded in a worker thread.
 
@@ -80,6 +96,7 @@ def json_body(model: type[_M], field: str) -> Callable[..., Awaitable[_M]]:
         request.state.lease = lease
         try:
             raw = await request.body()
+            _retry(request, lease, who, raw)
             async with _turns.setdefault(who.name, asyncio.Lock()):
                 return await asyncio.to_thread(_parse, model, raw, field, eng.settings.max_input_items)
         except BaseException:

@@ -214,7 +214,11 @@ async def respond(
     try:
         out = await _unless_gone(request, until_first())
         if not stream:
-            return with_agent(JSONResponse(reply(out)), agent_id)
+            body = reply(out)
+            replay = getattr(request.state, "replay", None)
+            if replay is not None:  # kept for the retries that send the same Idempotency-Key
+                request.app.state.replays.save(replay, body, agent_id)
+            return with_agent(JSONResponse(body), agent_id)
         assert events is not None
         streaming = True  # the stream releases the lease
     except _ClientGone:

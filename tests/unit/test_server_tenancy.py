@@ -244,3 +244,26 @@ def test_model_listings_show_a_tenant_only_its_own(tiny_model_path: Path, tiny_q
             assert [m["name"] for m in http.get("/api/ps", headers=auth(KEY_A)).json()["models"]] == ["qwen"]
     finally:
         team.close()
+
+
+# --------------------------------------------------------------------------- M1: idempotent retries
+
+
+def test_a_retry_with_a_request_id_gets_the_saved_answer(tiny_model_path: Path, tmp_path: Path) -> None:
+    """#33 M1: a retry of a call whose answer never reached the client opened a new conversation (an extra
+    agent). With `Idempotency-Key` (or `X-Request-Id`) it gets the saved answer, and no agent is added."""
+    keys = [{"key": KEY_A, "prefix": "a/"}, {"key": KEY_B, "prefix": "b/"}]
+    with serving(tiny_model_path, tmp_path, keys) as srv:
+        first = ask(srv, KEY_A, "a question worth retrying", **{"Idempotency-Key": "req-1"})
+        assert first.status_code == 200 and "idempotent-replayed" not in first.headers
+        n = len(agents(srv, KEY_A))
+        again = ask(srv, KEY_A, "a question worth retrying", **{"Idempotency-Key": "req-1"})
+        assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true", again.headers
+        assert again.json() == first.json() and again.headers["x-agent-id"] == first.json()["agentmem"]["agent_id"]
+        assert len(agents(srv, KEY_A)) == n
+        other = ask(srv, KEY_A, "another question", **{"Idempotency-Key": "req-1"})
+        assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused", other.text
+        b = ask(srv, KEY_B, "a question worth retrying", **{"Idempotency-Key": "req-1"})  # another key's id
+        assert b.status_code == 200 and "idempotent-replayed" not in b.headers
+        r = ask(srv, KEY_A, "by request id", **{"X-Request-Id": "r-9"})
+        assert ask(srv, KEY_A, "by request id", **{"X-Request-Id": "r-9"}).json() == r.json()
