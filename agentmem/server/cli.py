@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="several models: VRAM for offloaded weights and live KV (0 = no limit)")
     model.add_argument("--unload-policy", choices=("cost", "lru"), default="cost",
                        help="several models: which idle model to unload first (cost: reload time x likelihood of use)")
+    model.add_argument("--load-wait", type=float, default=60.0, metavar="S",
+                       help="several models: how long a call waits for the models in use to make room for its model, "
+                            "then a 503 with Retry-After (60)")
     model.add_argument("--resident", type=int, default=4, metavar="N", help="agents with a live sequence at once (4)")
     model.add_argument("--n-ctx", type=int, default=8192, help="KV cells of the shared context (8192)")
     model.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = automatic)")
@@ -127,7 +130,7 @@ def _served(args: argparse.Namespace, models: dict[str, str]) -> Any:
         raise ConfigError("--ram-budget and --vram-budget must be >= 0")
     return ServedModels(models=models, config=_pool_config(args, None, archive_path=None),
                         ram_budget_bytes=args.ram_budget, vram_budget_bytes=args.vram_budget,
-                        unload_policy=args.unload_policy, archive_dir=args.archive)
+                        unload_policy=args.unload_policy, archive_dir=args.archive, load_wait_s=args.load_wait)
 
 
 def _pool_config(args: argparse.Namespace, model: str | None, **over: Any) -> Any:

@@ -289,17 +289,26 @@ def _show(pool: Any, name: str) -> dict[str, Any]:
 
 @router.post("/api/show")
 async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it;
-    several: the one named, loaded for this if it is not)."""
+    """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it).
+
+    With several, a loaded model is read under a lease taken only if it is loaded; an unloaded one
+    is described from its file alone (no template or metadata): showing never loads a model, so
+    `show` cannot be used to make the server load and unload models (#33 F2).
+    """
     del who
     if eng.team is None:
         return _show(_pool_model(eng), eng.model_name)
-    seat = await eng.models.model_seat(eng.models.choose(req.model or req.name))
-    note_model(seat.name)
-    try:
-        return _show(seat.pool, seat.name)
-    finally:
-        seat.release()
+    assert isinstance(eng.models, ManyModels)
+    name = eng.models.choose(req.model or req.name) or eng.models.default
+    note_model(name)
+    lease = eng.team.lease_if_loaded(name)
+    if lease is not None:
+        with lease:
+            return _show(lease.pool, name)
+    path = Path(next(m["path"] for m in eng.team.models() if m["name"] == name))
+    entry = await eng.queue.call(lambda: _file_entry(name, path, "", _details(None)))
+    return {"modelfile": "", "parameters": "", "template": "", "details": entry["details"], "model_info": {},
+            "capabilities": ["completion", "tools"], "modified_at": entry["modified_at"]}
 
 
 @router.get("/api/version")
