@@ -17,7 +17,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Iterator, Literal
 
 from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
@@ -27,7 +27,7 @@ from agentmem.models import ModelLease, ModelPool
 from agentmem.pool import ChatResult, MemoryPool
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
-from agentmem.server.auth import Principal, key_space
+from agentmem.server.auth import LOCAL, Principal, key_space
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
 from agentmem.server.lifecycle import Lifecycle
@@ -138,7 +138,9 @@ class Engine(AgentOps):
         self._runners: dict[str, CallRunner] = {}
         self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
                                else OneModel(self._pool, lambda: self.model_name))
-        self.lifecycle = Lifecycle(self)
+        self.lifecycle = Lifecycle(settings, quotas=self.quotas, usage=self.models, pools=self._loaded_pools,
+                                   call=self.queue.call, forget=lambda aid: self.forget(LOCAL, aid),
+                                   park=lambda aid, tier: self.park(LOCAL, aid, tier))
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
@@ -202,6 +204,14 @@ class Engine(AgentOps):
         if self.pool is None or self.pool.closed:
             raise ApiError(503, "the model is not loaded", code="unavailable")
         return self.pool
+
+    def _loaded_pools(self) -> Iterator[MemoryPool]:
+        """Each loaded model's pool, held loaded while the loop body runs (blocking; the lifecycle's sweeps)."""
+        if isinstance(self.models, ManyModels):
+            for lease in self.models.each_loaded():
+                yield lease.pool
+        elif self.pool is not None and not self.pool.closed:
+            yield self.pool
 
     def _stats_or_none(self) -> dict[str, Any] | None:
         pool = self.pool

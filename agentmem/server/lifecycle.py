@@ -36,14 +36,13 @@ import contextlib
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 from agentmem.errors import AgentMemError
-from agentmem.server.auth import LOCAL, Principal, key_space
-
-if TYPE_CHECKING:
-    from agentmem.server.engine import Engine
-    from agentmem.server.registry import Target
+from agentmem.server.auth import Principal, key_space
+from agentmem.server.quotas import Quotas, UsageSource
+from agentmem.server.registry import Target
+from agentmem.server.settings import ServerSettings
 
 __all__ = ["Lifecycle", "is_line"]
 
@@ -62,29 +61,27 @@ def is_line(agent_id: str) -> bool:
 
 
 class Lifecycle:
-    """Parks and forgets the anonymous conversations of an `Engine` by policy (see the module docstring).
+    """Parks and forgets the anonymous conversations of a server by policy (see the module docstring).
 
     Args:
-        eng: the server's engine (its models, queue, quotas, settings and agent operations).
+        settings: the policy (`max_lines_per_key`, `line_park_s`, `line_idle_s`).
+        quotas: the keys' quotas (`max_agents`, and which agents are a key's own).
+        usage: what every model keeps (`Models.tenant_usage`, blocking).
+        pools: each loaded model's pool, held while the loop body runs (blocking).
+        call: runs blocking work in a worker thread (`AgentQueue.call`).
+        forget: forgets an agent the way `DELETE /agents/{id}` does (`Engine.forget`).
+        park: parks an agent in a tier (`Engine.park`).
     """
 
-    def __init__(self, eng: Engine) -> None:
-        self.eng = eng
-        self.settings = eng.settings
+    def __init__(self, settings: ServerSettings, *, quotas: Quotas, usage: UsageSource,
+                 pools: Callable[[], Iterator[Any]], call: Callable[..., Awaitable[Any]],
+                 forget: Callable[[str], Awaitable[Any]], park: Callable[[str, str], Awaitable[Any]]) -> None:
+        self.settings, self.quotas, self.usage = settings, quotas, usage
+        self._pools, self._call, self._forget_agent, self._park = pools, call, forget, park
         self._started = time.monotonic()  # an agent not used since this start counts as used at it
         self._task: asyncio.Task[None] | None = None
         self.forgotten = 0
         self.parked = 0
-
-    # ------------------------------------------------------------------ what is kept
-    def _pools(self) -> Iterator[Any]:
-        """Each loaded model's pool, held loaded while the loop body runs (blocking)."""
-        eng = self.eng
-        if eng.team is not None:
-            for lease in eng.models.each_loaded():  # type: ignore[attr-defined]
-                yield lease.pool
-        elif eng.pool is not None and not eng.pool.closed:
-            yield eng.pool
 
     def _uses(self, prefix: str) -> dict[str, tuple[float, str, Any]]:
         """`{line: (last used, tier, pool)}` of the forgettable conversations under `prefix` (blocking)."""
@@ -98,7 +95,7 @@ class Lifecycle:
     def _survey(self, principal: Principal) -> tuple[int, int, list[str]]:
         """`(conversations, agents, forgettable conversations least recently used first)` of a key (blocking)."""
         space = key_space(principal)
-        kept = self.eng.quotas.own_agents(principal, self.eng.models.tenant_usage(space).agents)
+        kept = self.quotas.own_agents(principal, self.usage.tenant_usage(space).agents)
         uses = {a: u for a, u in self._uses(space).items() if a in kept}
         return (sum(1 for a in kept if is_line(a)), len(kept), sorted(uses, key=lambda a: (uses[a][0], a)))
 
@@ -107,10 +104,10 @@ class Lifecycle:
         if target.kind not in ("new", "branched"):
             return
         cap = self.settings.max_lines_per_key
-        max_agents, _ = self.eng.quotas.limits(principal)
+        max_agents, _ = self.quotas.limits(principal)
         if not (cap or max_agents):
             return
-        n_lines, n_agents, lru = await self.eng.queue.call(self._survey, principal)
+        n_lines, n_agents, lru = await self._call(self._survey, principal)
         excess = max(n_lines + 1 - cap if cap else 0, n_agents + 1 - max_agents if max_agents else 0)
         for aid in lru:
             if excess <= 0:
@@ -120,7 +117,7 @@ class Lifecycle:
 
     async def _forget(self, agent_id: str) -> bool:
         try:
-            await self.eng.forget(LOCAL, agent_id)
+            await self._forget_agent(agent_id)
         except AgentMemError as exc:  # it started generating, or is gone already
             logger.debug("lifecycle: %s kept (%s)", agent_id, exc)
             return False
@@ -132,7 +129,7 @@ class Lifecycle:
         """Park the conversations idle `line_park_s`, forget those idle `line_idle_s` (every key's)."""
         park_s, idle_s = self.settings.line_park_s, self.settings.line_idle_s
         now = time.monotonic()
-        for aid, (used, tier, pool) in sorted((await self.eng.queue.call(self._uses, "")).items()):
+        for aid, (used, tier, pool) in sorted((await self._call(self._uses, "")).items()):
             idle = now - used
             if idle_s and idle >= idle_s:
                 await self._forget(aid)
@@ -141,7 +138,7 @@ class Lifecycle:
                 if tier == "warm" and not cold:
                     continue
                 with contextlib.suppress(AgentMemError):
-                    await self.eng.park(LOCAL, aid, "cold" if cold else "warm")
+                    await self._park(aid, "cold" if cold else "warm")
                     self.parked += 1
 
     @property
