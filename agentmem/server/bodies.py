@@ -64,7 +64,12 @@ def _parse(model: type[_M], raw: bytes, field: str, limit: int) -> _M:
         raise RequestValidationError(exc.errors(include_url=False)) from None
 
 
-_turns: dict[str, asyncio.Lock] = {}  # key name -> its one body being decoded
+def _turn(request: Request, who: Principal) -> asyncio.Lock:
+    """The lock that lets one body of `who` be decoded at a time (the app's, made on first use)."""
+    turns: dict[str, asyncio.Lock] | None = getattr(request.app.state, "body_turns", None)
+    if turns is None:
+        turns = request.app.state.body_turns = {}
+    return turns.setdefault(who.name, asyncio.Lock())
 
 
 def _retry(request: Request, lease: Any, who: Principal, raw: bytes) -> None:
@@ -97,7 +102,7 @@ def json_body(model: type[_M], field: str) -> Callable[..., Awaitable[_M]]:
         try:
             raw = await request.body()
             _retry(request, lease, who, raw)
-            async with _turns.setdefault(who.name, asyncio.Lock()):
+            async with _turn(request, who):
                 return await asyncio.to_thread(_parse, model, raw, field, eng.settings.max_input_items)
         except BaseException:
             lease.release()

@@ -6,7 +6,7 @@ call slows down as agents accumulate (#23 finding 10: 265 agents added 105 MiB).
 
 | quota (key-file field) | server default (flag) | over it: 429 for |
 |---|---|---|
-| `max_agents`: agents under the key's prefix | 256 (`--max-agents`) | a call that would start one more |
+| `max_agents`: agents under the key's prefix (its own: not a nested key's) | 256 (`--max-agents`) | a call that would start one more named agent (a new anonymous conversation forgets the key's least recently used one instead: `lifecycle`) |
 | `max_parked_bytes`: their parked states (WARM + COLD) | 1 GiB (`--max-parked-bytes`) | every call of the key |
 | `max_concurrent`: requests in flight | 8 (`--max-concurrent`) | one more request |
 
