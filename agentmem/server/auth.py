@@ -16,8 +16,8 @@ sk-tenant-b      tenant-b/
 ```
 
 (a bare JSON list of such objects works too). A key without a prefix is an admin key.
-`max_concurrent`, `max_agents` and `max_parked_bytes` are the key's quotas (`0` or
-absent: the server's defaults, `ServerSettings.max_*_per_key`; an admin key has no
+`max_concurrent`, `max_agents`, `max_parked_bytes` and `max_requests_per_minute` are the
+key's quotas (`0` or absent: the server's defaults, `ServerSettings.max_*_per_key`; an admin key has no
 agent or byte quota unless its entry sets one). Each scoped key's prefix is a tenant
 of the pool (`PoolConfig.tenants`): its agents share KV with no other key's.
 Keys are kept as SHA-256 digests and compared in constant time; a request presents one
@@ -60,6 +60,7 @@ class Principal:
             none for an admin key).
         max_parked_bytes: bytes of parked KV state its agents may keep (`0` = the
             server's default; none for an admin key).
+        max_requests_per_minute: requests it may start per minute (`0` = the server's default).
     """
 
     name: str
@@ -68,6 +69,7 @@ class Principal:
     max_concurrent: int = 0
     max_agents: int = 0
     max_parked_bytes: int = 0
+    max_requests_per_minute: int = 0
 
     def allows(self, agent_id: str) -> bool:
         """Whether this principal may call, read, change or forget `agent_id`."""
@@ -110,7 +112,7 @@ class ApiKey:
 
     @classmethod
     def make(cls, key: str, *, prefix: str = "", admin: bool | None = None, max_concurrent: int = 0,
-             max_agents: int = 0, max_parked_bytes: int = 0) -> ApiKey:
+             max_agents: int = 0, max_parked_bytes: int = 0, max_requests_per_minute: int = 0) -> ApiKey:
         """A key with its scope and quotas; `admin` defaults to "no prefix".
 
         Raises:
@@ -129,7 +131,8 @@ class ApiKey:
             raise ConfigError("a non-admin key needs an agent-id prefix")
         if prefix and (ADMIN_SPACE.startswith(prefix) or prefix.startswith(ADMIN_SPACE)):
             raise ConfigError(f"key prefix {prefix!r} overlaps {ADMIN_SPACE!r}, where admin keys' conversations live")
-        quotas = {"max_concurrent": max_concurrent, "max_agents": max_agents, "max_parked_bytes": max_parked_bytes}
+        quotas = {"max_concurrent": max_concurrent, "max_agents": max_agents, "max_parked_bytes": max_parked_bytes,
+                  "max_requests_per_minute": max_requests_per_minute}
         for name, v in quotas.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {v!r}")
@@ -181,7 +184,7 @@ class KeyRing:
         return cls(keys)
 
 
-_QUOTAS = ("max_concurrent", "max_agents", "max_parked_bytes")
+_QUOTAS = ("max_concurrent", "max_agents", "max_parked_bytes", "max_requests_per_minute")
 _FIELDS = ("key", "prefix", "admin", *_QUOTAS)
 
 

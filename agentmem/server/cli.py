@@ -89,6 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for (4096)")
     lim.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request without one (256)")
     lim.add_argument("--max-concurrent", type=int, default=8, help="requests in flight per key; more is a 429 (8)")
+    lim.add_argument("--max-rpm", type=int, default=0,
+                     help="requests one key may start per minute; more is a 429 with Retry-After (0 = no limit)")
     lim.add_argument("--max-agents", type=int, default=256,
                      help="agents one scoped key may keep; more is a 429 (256; 0 = no limit)")
     lim.add_argument("--max-parked-bytes", type=int, default=1 << 30,
@@ -172,6 +174,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
         max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
+        max_requests_per_minute_per_key=args.max_rpm,
         max_agents_per_key=args.max_agents, max_parked_bytes_per_key=args.max_parked_bytes,
         metrics_public=args.metrics_public,
         durability=args.durability or ("call" if args.archive_url else "exit"),

@@ -133,7 +133,8 @@ class Engine(AgentOps):
             self.team.add_tenants(tenants)
         self.quotas = Quotas(settings, tenants)
         self.own_pool = self._config is not None if own_pool is None else own_pool
-        self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
+        self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key,
+                                default_rate=settings.max_requests_per_minute_per_key)
         self.processing = 0
         self._runners: dict[str, CallRunner] = {}
         self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None

@@ -50,6 +50,9 @@ class ServerSettings:
         default_max_tokens: `max_tokens` of a request that sets none.
         max_concurrent_per_key: requests one API key (or, without keys, the whole server)
             may have in flight; one more gets 429 at once.
+        max_requests_per_minute_per_key: requests one key may start per minute (`0` = no
+            limit, the default); a token bucket of that size, refilled evenly; one more gets
+            429 with `Retry-After`, before any work. A key's own value overrides it.
         max_agents_per_key: agents one scoped API key may keep (`0` = no limit); a call
             that would start one more gets 429 `quota_exceeded` (param `max_agents`).
             A key's own `max_agents` overrides it; admin keys have none unless set.
@@ -102,6 +105,7 @@ class ServerSettings:
     max_tokens_limit: int = 4096
     default_max_tokens: int = 256
     max_concurrent_per_key: int = 8
+    max_requests_per_minute_per_key: int = 0
     max_agents_per_key: int = 256
     max_parked_bytes_per_key: int = 1 << 30
     shutdown_grace_s: float = 10.0
@@ -130,7 +134,8 @@ class ServerSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("max_prompt_tokens", "max_agents_per_key", "max_parked_bytes_per_key", "max_lines_per_key"):
+        for name in ("max_prompt_tokens", "max_agents_per_key", "max_parked_bytes_per_key", "max_lines_per_key",
+                     "max_requests_per_minute_per_key"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {v!r}")

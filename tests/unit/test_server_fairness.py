@@ -107,6 +107,33 @@ def test_too_many_items_is_a_413_naming_the_field(http: httpx.Client, path: str,
     assert field in r.text and "at most 64" in r.text, r.text
 
 
+def test_a_key_over_its_request_rate_gets_429_before_any_work(tiny_model_path: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """#33 F1: "per-key concurrency and rate limits checked before any render": there was no rate limit.
+    `max_requests_per_minute` (a key's, else `--max-rpm`) is a token bucket checked at admission."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"key": KEY_A, "prefix": "a/", "max_requests_per_minute": 2},
+                                         {"key": KEY_B, "prefix": "b/"}]}))
+    pool = MemoryPool(str(tiny_model_path), n_ctx=2048, resident_agents=2, n_threads=1)
+    try:
+        app = create_app(pool, settings=ServerSettings(default_max_tokens=1, max_requests_per_minute_per_key=30),
+                         keys=KeyRing.build(keys_file=keys))
+        with ServerThread(app) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as http:
+            body = {"model": "m", "messages": HI}
+            assert [http.post("/v1/messages/count_tokens", json=body, headers=auth(KEY_A)).status_code
+                    for _ in range(2)] == [200, 200]
+            work: list[str] = []
+            real = pool.count_tokens
+            monkeypatch.setattr(pool, "count_tokens", lambda *a, **k: (work.append("count"), real(*a, **k))[1])
+            r = http.post("/v1/messages/count_tokens", json=body, headers=auth(KEY_A))
+            assert r.status_code == 429 and work == [], r.text
+            assert 1 <= int(r.headers["retry-after"]) <= 30 and "2 requests per minute" in r.text, r.headers
+            assert [http.post("/v1/messages/count_tokens", json=body, headers=auth(KEY_B)).status_code
+                    for _ in range(5)] == [200] * 5  # the server's 30 per minute for B
+    finally:
+        pool.close()
+
+
 def test_api_docs_are_off_by_default(http: httpx.Client) -> None:
     """#33 M3: `/docs` and `/openapi.json` answered without a key."""
     for path in ("/docs", "/openapi.json", "/redoc"):
