@@ -22,13 +22,12 @@ from fastapi import APIRouter, Depends, Request
 
 from agentmem.server import anthropic_responses as A
 from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest, to_chat_request
-from agentmem.server.auth import Principal
 from agentmem.server.bodies import body_schema, json_body
-from agentmem.server.deps import engine, principal
+from agentmem.server.deps import engine
 from agentmem.server.engine import Engine, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
-from agentmem.server.registry import Target
 from agentmem.server.queue import Lease
+from agentmem.server.registry import Target
 from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route

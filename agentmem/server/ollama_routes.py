@@ -41,9 +41,9 @@ from agentmem.server.ollama_schemas import (
     to_chat_request,
     to_generate_request,
 )
-from agentmem.server.schemas import ChatCompletionRequest
-from agentmem.server.registry import ManyModels
 from agentmem.server.queue import Lease
+from agentmem.server.registry import ManyModels
+from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 

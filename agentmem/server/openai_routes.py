@@ -20,8 +20,8 @@ from agentmem.server.auth import Principal
 from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
-from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.queue import Lease
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.serving import admitted, find_agent, respond
 
 __all__ = ["router"]

@@ -47,10 +47,10 @@ from agentmem.server.responses_schemas import (
     rename_field,
     to_chat,
 )
+from agentmem.server.queue import Lease
+from agentmem.server.registry import Target
 from agentmem.server.responses_store import ResponseStore, StoredResponse, scope_of
 from agentmem.server.schemas import ChatCompletionRequest
-from agentmem.server.registry import Target
-from agentmem.server.queue import Lease
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 
 __all__ = ["router", "store_of"]

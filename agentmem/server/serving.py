@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from agentmem.server import responses as R
 from agentmem.server.auth import end_user_space
 from agentmem.server.engine import Engine, Event, Outcome
-from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.http_errors import from_exception
 from agentmem.server.identity import AGENT_HEADER, agent_header, end_user, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
