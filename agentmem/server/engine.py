@@ -139,13 +139,14 @@ class Engine(AgentOps):
         self._runners: dict[str, CallRunner] = {}
         self.models: Models = (ManyModels(self.team, self.queue.call) if self.team is not None
                                else OneModel(self._pool, lambda: self.model_name))
-        self.lifecycle = Lifecycle(settings, quotas=self.quotas, usage=self.models, pools=self._loaded_pools,
-                                   call=self.queue.call, forget=lambda aid: self.forget(LOCAL, aid),
-                                   park=lambda aid, tier: self.park(LOCAL, aid, tier))
         self.metrics = ServerMetrics(self._stats_or_none, processing=lambda: self.processing,
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
                                      model_names=self.model_names)
+        self.lifecycle = Lifecycle(settings, quotas=self.quotas, usage=self.models, pools=self._loaded_pools,
+                                   call=self.queue.call, forget=lambda aid: self.forget(LOCAL, aid),
+                                   park=lambda aid, tier: self.park(LOCAL, aid, tier),
+                                   observe=self.metrics.observe_conversation)
 
     # ------------------------------------------------------------------ lifetime
     @property

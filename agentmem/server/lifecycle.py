@@ -71,13 +71,17 @@ class Lifecycle:
         call: runs blocking work in a worker thread (`AgentQueue.call`).
         forget: forgets an agent the way `DELETE /agents/{id}` does (`Engine.forget`).
         park: parks an agent in a tier (`Engine.park`).
+        observe: counts each action (`parked`, `forgotten_idle`, `forgotten_cap`; `/metrics`'
+            `agentmem_conversations_total`).
     """
 
     def __init__(self, settings: ServerSettings, *, quotas: Quotas, usage: UsageSource,
                  pools: Callable[[], Iterator[Any]], call: Callable[..., Awaitable[Any]],
-                 forget: Callable[[str], Awaitable[Any]], park: Callable[[str, str], Awaitable[Any]]) -> None:
+                 forget: Callable[[str], Awaitable[Any]], park: Callable[[str, str], Awaitable[Any]],
+                 observe: Callable[[str], None] = lambda action: None) -> None:
         self.settings, self.quotas, self.usage = settings, quotas, usage
         self._pools, self._call, self._forget_agent, self._park = pools, call, forget, park
+        self._observe = observe
         self._started = time.monotonic()  # an agent not used since this start counts as used at it
         self._task: asyncio.Task[None] | None = None
         self.forgotten = 0
@@ -112,16 +116,17 @@ class Lifecycle:
         for aid in lru:
             if excess <= 0:
                 break
-            if aid != target.agent_id and await self._forget(aid):
+            if aid != target.agent_id and await self._forget(aid, "forgotten_cap"):
                 excess -= 1
 
-    async def _forget(self, agent_id: str) -> bool:
+    async def _forget(self, agent_id: str, why: str) -> bool:
         try:
             await self._forget_agent(agent_id)
         except AgentMemError as exc:  # it started generating, or is gone already
             logger.debug("lifecycle: %s kept (%s)", agent_id, exc)
             return False
         self.forgotten += 1
+        self._observe(why)
         return True
 
     # ------------------------------------------------------------------ idle conversations
@@ -132,7 +137,7 @@ class Lifecycle:
         for aid, (used, tier, pool) in sorted((await self._call(self._uses, "")).items()):
             idle = now - used
             if idle_s and idle >= idle_s:
-                await self._forget(aid)
+                await self._forget(aid, "forgotten_idle")
             elif park_s and idle >= park_s and tier in ("hot", "warm"):
                 cold = bool(pool.config.archive_path or getattr(pool.config, "archive_url", None))
                 if tier == "warm" and not cold:
@@ -140,6 +145,7 @@ class Lifecycle:
                 with contextlib.suppress(AgentMemError):
                     await self._park(aid, "cold" if cold else "warm")
                     self.parked += 1
+                    self._observe("parked")
 
     @property
     def period_s(self) -> float:

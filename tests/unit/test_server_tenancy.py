@@ -105,6 +105,7 @@ def test_a_server_without_keys_is_bounded_too(tiny_model_path: Path, tmp_path: P
         for i in range(6):
             assert ask(srv, None, f"open question {i}").status_code == 200
         assert len(agents(srv, None)) == 3, agents(srv, None)
+        assert 'agentmem_conversations_total{action="forgotten_cap"} 3.0' in srv.http.get("/metrics").text
 
 
 def test_idle_conversations_are_parked_then_forgotten_named_agents_kept(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -121,6 +122,9 @@ def test_idle_conversations_are_parked_then_forgotten_named_agents_kept(tiny_mod
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert srv.http.get("/agents/named").status_code == 200
+        metrics = srv.http.get("/metrics").text
+        assert ('agentmem_conversations_total{action="parked"} 1.0' in metrics
+                and 'agentmem_conversations_total{action="forgotten_idle"} 1.0' in metrics), metrics
 
 
 # --------------------------------------------------------------------------- F5, M2: ids
