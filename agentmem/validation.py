@@ -16,6 +16,8 @@ agentmem.errors.ConfigError: agent_id must not start with the reserved prefix 's
 
 from __future__ import annotations
 
+import json
+
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -140,6 +142,11 @@ def json_text(value: Any, *, field: str, error: type[ConfigError] | type[Message
     ...
     agentmem.errors.MessageError: tools[0].a[1] must be valid Unicode text (a lone surrogate at character 1), got 'y\\udfffz'
     """
+    try:  # the common case at C speed (a request body's 120,000 items walked in Python took 1.7 s: #33 F1)
+        json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+        return value
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        pass  # a lone surrogate (or a value JSON cannot write): walk it to name the field
     stack: list[tuple[str, Any]] = [(field, value)]
     while stack:  # iterative: a deeply nested value must not hit the recursion limit here
         where, v = stack.pop()

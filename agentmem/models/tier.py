@@ -18,6 +18,14 @@ failed write keeps the model loaded. When the model returns, its agents are rest
 from there (a state restore, not a re-prefill).
 
 Loading and unloading run outside the tier's lock: calls on other loaded models go on.
+
+**Fair loading.** A call waiting for a model that does not fit until a loaded model's calls
+end is not starved by a stream of new calls on that model (#33 F2: one tenant's overlapping
+calls on model 2 held off another tenant's model-1 call for as long as they went on): while
+such a load waits, a new call of a loaded model waits too (it joins the queue instead of
+overtaking), the uses drain, the load goes ahead, and the calls behind it take
+their turn. A wait still ends after `wait_s` (`ModelBudgetError`: the server's 503 with
+`Retry-After`). Prefetches never make anyone wait.
 """
 
 from __future__ import annotations
@@ -96,36 +104,53 @@ class ModelTier:
         self.ram_budget, self.vram_budget, self.wait_s = ram_budget_bytes, vram_budget_bytes, wait_s
         self.cond = threading.Condition()
         self.closed = False
+        self._waiting: dict[str, int] = {}  # unloaded model -> calls waiting for room to load it (fair loading)
         for slot in slots.values():
             slot.weights_bytes = slot.model_path.stat().st_size
             self._check_fits_alone(slot)
 
     # ------------------------------------------------------------------ use
     def acquire(self, name: str, *, prefetch: bool = False) -> ModelEngine:
-        """`name`'s pool, loaded, counted in use until `release(name)`."""
+        """`name`'s pool, loaded, counted in use until `release(name)` (fair to waiting loads: see above)."""
         slot = self.slots[name]
         deadline = time.monotonic() + self.wait_s
+        queued = False
         with self.cond:
-            while True:
-                if self.closed:
-                    raise PoolClosedError("the model pool is closed")
-                if slot.state == "loaded":
-                    assert slot.pool is not None
-                    slot.uses += 1
-                    return slot.pool
-                if slot.state == "unloaded":
-                    victims = self._room_for(slot)
-                    if victims is not None:
-                        for v in victims:
-                            v.state = "unloading"
-                        slot.state = "loading"
-                        break
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.cond.wait(timeout=min(left, 1.0)) and time.monotonic() >= deadline:
-                    raise ModelBudgetError(
-                        f"model {name!r} does not fit ram_budget_bytes={self.ram_budget} / vram_budget_bytes="
-                        f"{self.vram_budget} and the models that could make room stayed in use for {self.wait_s} s")
+            try:
+                while True:
+                    if self.closed:
+                        raise PoolClosedError("the model pool is closed")
+                    if slot.state == "loaded" and not self._yields(slot):
+                        assert slot.pool is not None
+                        slot.uses += 1
+                        return slot.pool
+                    if slot.state == "unloaded":
+                        victims = self._room_for(slot)
+                        if victims is not None:
+                            for v in victims:
+                                v.state = "unloading"
+                            slot.state = "loading"
+                            break
+                        if not prefetch and not queued:
+                            self._waiting[name] = self._waiting.get(name, 0) + 1
+                            queued = True
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self.cond.wait(timeout=min(left, 1.0)) and time.monotonic() >= deadline:
+                        raise ModelBudgetError(
+                            f"model {name!r} does not fit ram_budget_bytes={self.ram_budget} / vram_budget_bytes="
+                            f"{self.vram_budget} and the models that could make room stayed in use for {self.wait_s} s")
+            finally:
+                if queued:
+                    self._waiting[name] -= 1
+                    if not self._waiting[name]:
+                        del self._waiting[name]
+                    self.cond.notify_all()
         return self._load(slot, victims, prefetch)
+
+    def _yields(self, slot: ModelSlot) -> bool:
+        """Whether a new call of the loaded `slot` waits: a call waits to load another model (the waiter may
+        need `slot`'s room; it takes it as soon as `slot`'s calls in flight end)."""
+        return any(n != slot.spec.name for n in self._waiting)
 
     def try_acquire(self, name: str) -> ModelEngine | None:
         """`name`'s pool if it is loaded now, counted in use until `release(name)`; `None` (nothing held) otherwise.

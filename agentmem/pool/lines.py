@@ -4,7 +4,7 @@ A client that sends no agent id (most OpenAI clients' default set-up) still send
 the whole history on every call. `MemoryPool.find_line` finds the agent whose kept
 history that prompt *continues* — live, parked (any codec) or archived — and the
 call then runs as that agent, reading its KV; a prompt that continues none gets a
-new agent with a derived id (`{scope}conv-<hash>`), which still starts from the
+new agent with a fresh random id (`{scope}conv-<16 hex digits>`), which still starts from the
 longest prefix another agent of its tenant holds (`agentmem.pool.sharing`).
 
 **The same line.** An agent's *line key* is its history up to the end of the last
@@ -29,8 +29,8 @@ continued (rule 2, or rule 3 below) the prompt branches.
 server releases it when the request ends). A line whose agent is claimed or generating
 is not joined: the second request **branches** at once (a new agent that starts from
 the prefix an idle agent of the tenant holds, or prefills), rather than waiting for a
-reply it could not have seen. Derived ids already used or claimed get a `-2`, `-3`, ...
-suffix, so two identical first prompts in flight get two agents.
+reply it could not have seen. Two identical first prompts in flight get two agents (each new
+id is random; one already used or claimed would get a `-2`, `-3`, ... suffix).
 
 **Branches.** A prompt that shares a prefix with a line but leaves it before the line's
 key ends (tools dropped, a side question, an earlier turn edited) is a new agent;
@@ -51,6 +51,7 @@ a lookup re-indexes only those, then walks the prompt's path once
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
@@ -60,7 +61,7 @@ import agentmem.validation as check
 from agentmem.engine.chat_format import Message
 from agentmem.errors import ConfigError
 from agentmem.memory.ledger import Ledger
-from agentmem.memory.shared import SHARE_PREFIX, PrefixIndex, token_checksum
+from agentmem.memory.shared import SHARE_PREFIX, PrefixIndex
 
 if TYPE_CHECKING:
     from agentmem.engine.renderer import ChatRenderer
@@ -79,7 +80,7 @@ class Line:
     """What `MemoryPool.find_line` decided for a prompt.
 
     Attributes:
-        agent_id: the agent to call (an existing one when `kind == "continued"`, else a new derived id).
+        agent_id: the agent to call (an existing one when `kind == "continued"`, else a new random id).
         kind: `"continued"` (the prompt continues `agent_id`'s kept history), `"branched"`
             (a new agent whose prompt shares at least `min_share_tokens` tokens with a kept line of
             the scope) or `"new"`.
@@ -173,7 +174,7 @@ class LineIndex:
                     self.claims.add(best[0])
                 return Line(best[0], "continued", best[1])
         n_min = core.config.min_share_tokens
-        line = Line(self._new_id(core, toks, scope), "branched" if n_min and depth >= n_min else "new", depth)
+        line = Line(self._new_id(core, scope), "branched" if n_min and depth >= n_min else "new", depth)
         if claim:
             self.claims.add(line.agent_id)
         return line
@@ -197,8 +198,9 @@ class LineIndex:
                 best = rank
         return None if best is None else (best[2], best[0])
 
-    def _new_id(self, core: PoolCore, toks: np.ndarray, scope: str) -> str:
-        base = f"{scope}conv-{token_checksum(toks)[:12]}"
+    def _new_id(self, core: PoolCore, scope: str) -> str:
+        # random, not a hash of the prompt: equal suffixes across tenants said who sent the same prompt (#33 M2)
+        base = f"{scope}conv-{secrets.token_hex(8)}"
         aid, n = base, 1
         while aid in core.agents or aid in self.claims:
             n += 1

@@ -19,6 +19,10 @@ like vLLM's per-request `cache_salt` keeps prefix-cache hits inside one tenant:
   a parked one, and so the shared block made from it) only from an agent of its own
   tenant or from a share it may use (`TenantScope.may_take`). A handoff's source and
   destination follow the same rule; a handoff across tenants is a `ConfigError`.
+* an **end user's scope** is a tenant too, without configuring it: an id
+  `{tenant}@u/{name}/...` (`END_USER_MARK`) is in the tenant `{tenant}@u/{name}/`. A server
+  started with `--end-users` puts each end user's conversations there, so lines, prefix
+  sharing and `cached_tokens` never cross two end users of one key (#33 F4).
 * recall searches one named agent's evicted text (never several agents'), and a parked
   agent links only the block it was stored with, so neither crosses tenants once the
   blocks do not. Blocks made before the walls existed (an archive written by a pool
@@ -37,6 +41,8 @@ like vLLM's per-request `cache_salt` keeps prefix-cache hits inside one tenant:
 (True, False)
 >>> TenantScope(()).may_take("team-a/planner", "team-b/coder")  # no tenants: one scope for all
 True
+>>> scope.of("team-a/@u/4f2a/conv-1"), TenantScope(()).may_take("@u/4f2a/conv-1", "@u/9b0c/conv-2")
+('team-a/@u/4f2a/', False)
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ from agentmem.memory.shared import SHARE_PREFIX
 if TYPE_CHECKING:
     from agentmem.config import PoolConfig
 
-__all__ = ["TenantMethods", "TenantScope", "TenantUsage"]
+__all__ = ["END_USER_MARK", "TenantMethods", "TenantScope", "TenantUsage"]
+
+END_USER_MARK = "@u/"
+"""`{tenant}@u/{name}/...`: an agent in the scope of one end user `name` of the tenant (a tenant itself)."""
 
 
 class TenantScope:
@@ -70,23 +79,26 @@ class TenantScope:
         return bool(self.prefixes)
 
     def of(self, agent_id: str) -> str:
-        """The tenant of `agent_id` (its longest configured prefix; `""`: the default scope).
+        """The tenant of `agent_id` (its longest configured prefix, or its end user's scope under it:
+        `END_USER_MARK`; `""`: the default scope).
 
         A declared share `share:NAME` is in the tenant of `NAME`.
         """
         if agent_id.startswith(SHARE_PREFIX):
             agent_id = agent_id[len(SHARE_PREFIX):]
-        for p in self._longest_first:
-            if agent_id.startswith(p):
-                return p
-        return ""
+        tenant = next((p for p in self._longest_first if agent_id.startswith(p)), "")
+        if agent_id.startswith(END_USER_MARK, len(tenant)):  # an end user's scope inside the tenant
+            end = agent_id.find("/", len(tenant) + len(END_USER_MARK))
+            if end > 0:
+                return agent_id[: end + 1]
+        return tenant
 
     def may_take(self, donor: str, receiver: str) -> bool:
         """Whether `receiver` may start from cells `donor` holds.
 
         True inside one tenant, and from a public share (a declared share under no tenant).
         """
-        if not self._longest_first:
+        if not self._longest_first and END_USER_MARK not in donor and END_USER_MARK not in receiver:
             return True
         t = self.of(donor)
         return t == self.of(receiver) or (t == "" and donor.startswith(SHARE_PREFIX))
@@ -147,6 +159,20 @@ class TenantMethods:
             ids = [a for a in core.agents if a.startswith(prefix) and not a.startswith(SHARE_PREFIX)]
             parked = sum(t.nbytes(a) for a in ids for t in core.tiers.values())
         return TenantUsage(frozenset(ids), parked)
+
+    def agent_uses(self, prefix: str) -> dict[str, tuple[float, str]]:
+        """`{agent: (last_used, tier)}` of the agents under `prefix` that may be parked or forgotten now.
+
+        `last_used` is `time.monotonic()` at the agent's last call (`0.0`: none since this pool
+        opened); agents generating, or claimed by a line lookup, are left out, as are declared
+        shares. The server's conversation lifecycle (`agentmem.server.lifecycle`) reads it.
+        """
+        self._check_open()
+        core = self._core
+        with core.lock:
+            return {aid: (a.last_used, core.where(a)[0]) for aid, a in core.agents.items()
+                    if aid.startswith(prefix) and not aid.startswith(SHARE_PREFIX) and not a.held
+                    and aid not in core.lines.claims}
 
     def has_agent(self, agent_id: str) -> bool:
         """Whether the pool knows `agent_id` (without creating it)."""

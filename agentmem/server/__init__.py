@@ -8,8 +8,11 @@ A thin adapter over one `MemoryPool`, of one model or several (llama.cpp
 `identity.py` finds the agent of a request (header, `user`, `agent_id`) and checks its scope.
 `http_errors.py` maps agentmem's exceptions to OpenAI-shaped 4xx answers.
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
+`bodies.py` admits a request, then decodes and validates its body in a worker thread (`json_body`).
 `calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
+`lifecycle.py` parks and forgets anonymous conversations by policy (idle times, a per-key LRU cap).
+`idempotency.py` keeps answers for retries that send `Idempotency-Key` / `X-Request-Id`.
 `registry.py` chooses a request's model and holds it loaded for the call (`Models`, `Target`).
 `engine.py` is the one object the routes call: the models, the queue, the metrics.
 `agent_ops.py` holds the agent operations of the engine (list, park, forget, handoff, ...), on the agent's model.

@@ -22,12 +22,14 @@ from fastapi import APIRouter, Depends, Request
 
 from agentmem.server import anthropic_responses as A
 from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest, to_chat_request
-from agentmem.server.auth import Principal
-from agentmem.server.deps import engine, principal
+from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.deps import engine
 from agentmem.server.engine import Engine, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.schemas import ChatCompletionRequest
+from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 
 __all__ = ["router"]
@@ -54,27 +56,42 @@ def _matched_stop(target: Target, stops: list[str] | None, out: Outcome) -> str 
     return min(found)[1] if found else None
 
 
-@router.post("/v1/messages")
-async def messages(req: MessagesRequest, request: Request, who: Principal = Depends(principal),
-                   eng: Engine = Depends(engine)) -> Any:
+@router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
+async def messages(
+        request: Request, req: MessagesRequest = Depends(json_body(MessagesRequest, "messages")),
+        eng: Engine = Depends(engine)) -> Any:
     """Anthropic Messages, streaming (SSE events) or not, with client tools."""
-    chat = to_chat_request(req)
-    target = await find_agent(eng, who, request, chat)
+    async with admitted(request) as lease:
+        chat = await off_loop(to_chat_request, req)
+        return await _messages(eng, lease, request, req, chat)
+
+
+async def _messages(eng: Engine, lease: Lease, request: Request, req: MessagesRequest,
+                    chat: ChatCompletionRequest) -> Any:
+    target = await find_agent(eng, lease, request, chat, end_user_name="metadata.user_id",
+                              end_user_field=req.metadata.user_id if req.metadata is not None else None)
     msg_id = A.new_id("msg")
     stop_of = functools.partial(_matched_stop, target, req.stop_sequences)
     stream = A.MessageStream(msg_id, target.model, stop_of)
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_chat(target, chat), req.stream,
+        eng, lease, target, request, lambda: eng.prepare_chat(target, chat), req.stream,
         reply=lambda out: A.message(msg_id, target.model, out, stop_of(out)),
         render=stream.render, head=stream.head(), done=[], error_chunk=_stream_error,
     )
 
 
-@router.post("/v1/messages/count_tokens")
-async def count_tokens(req: CountTokensRequest, who: Principal = Depends(principal),
-                       eng: Engine = Depends(engine)) -> dict[str, int]:
-    """`{"input_tokens": N}`: the prompt's size as a Messages call renders it on its model (tools included)."""
-    del who
-    if not eng.ready:
-        raise ApiError(503, "the model is not loaded", code="unavailable")
-    return {"input_tokens": await eng.count_tokens(req.model, to_chat_request(req))}
+@router.post("/v1/messages/count_tokens", openapi_extra=body_schema(CountTokensRequest))
+async def count_tokens(
+        request: Request, req: CountTokensRequest = Depends(json_body(CountTokensRequest, "messages")),
+        eng: Engine = Depends(engine)) -> dict[str, int]:
+    """`{"input_tokens": N}`: the prompt's size as a Messages call renders it on its model (tools included).
+
+    Admitted like a call (the key's `max_concurrent`, #33 F1): rendering a large prompt is work.
+    """
+    async with admitted(request) as lease:
+        try:
+            if not eng.ready:
+                raise ApiError(503, "the model is not loaded", code="unavailable")
+            return {"input_tokens": await eng.count_tokens(req.model, await off_loop(to_chat_request, req))}
+        finally:
+            lease.release()

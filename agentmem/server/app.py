@@ -28,12 +28,19 @@ from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
 from agentmem.models import MemoryPool
 from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
+from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentmem.server.auth import KeyRing, Principal
+from agentmem.server.bodies import document_bodies
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError, error_body, from_exception
+from agentmem.server.idempotency import Replayed, Replays
 from agentmem.server.metrics import CONTENT_TYPE, request_model
+from agentmem.server.ollama_schemas import ChatRequest as OllamaChat
+from agentmem.server.ollama_schemas import GenerateRequest as OllamaGenerate
+from agentmem.server.responses_schemas import ResponseCreateRequest
 from agentmem.server.responses_store import ResponseStore
+from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["BodyLimit", "create_app"]
@@ -131,6 +138,10 @@ def _install_handlers(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return answer(exc)
 
+    @app.exception_handler(Replayed)
+    async def _replayed(_: Request, exc: Replayed) -> JSONResponse:
+        return exc.response()
+
     @app.exception_handler(AgentMemError)
     async def _agentmem(_: Request, exc: AgentMemError) -> JSONResponse:
         return answer(from_exception(exc))
@@ -186,18 +197,23 @@ def create_app(
         finally:
             await eng.stop()
 
+    docs = settings.api_docs  # off by default (#33 M3: they answered without a key)
     app = FastAPI(title="agentmem", summary="OpenAI-compatible server where every agent keeps its KV memory",
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.engine = eng
     app.state.keys = keys
     app.state.settings = settings
     app.state.responses = ResponseStore()  # POST /v1/responses keeps its responses here
+    app.state.replays = Replays()  # answers kept for retries that send Idempotency-Key (bodies.json_body)
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(responses_api.router)
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(agents_api.router)
+    document_bodies(app, [ChatCompletionRequest, CompletionRequest, ResponseCreateRequest, MessagesRequest,
+                          CountTokensRequest, OllamaChat, OllamaGenerate])
 
     @app.get("/metrics")
     async def metrics(who: Principal = Depends(principal), e: Engine = Depends(engine)) -> Response:

@@ -16,8 +16,8 @@ sk-tenant-b      tenant-b/
 ```
 
 (a bare JSON list of such objects works too). A key without a prefix is an admin key.
-`max_concurrent`, `max_agents` and `max_parked_bytes` are the key's quotas (`0` or
-absent: the server's defaults, `ServerSettings.max_*_per_key`; an admin key has no
+`max_concurrent`, `max_agents`, `max_parked_bytes` and `max_requests_per_minute` are the
+key's quotas (`0` or absent: the server's defaults, `ServerSettings.max_*_per_key`; an admin key has no
 agent or byte quota unless its entry sets one). Each scoped key's prefix is a tenant
 of the pool (`PoolConfig.tenants`): its agents share KV with no other key's.
 Keys are kept as SHA-256 digests and compared in constant time; a request presents one
@@ -37,8 +37,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agentmem.errors import ConfigError
+from agentmem.pool.tenants import END_USER_MARK
 
-__all__ = ["ApiKey", "KeyRing", "Principal", "load_keys_file"]
+__all__ = ["ADMIN_SPACE", "ApiKey", "KeyRing", "Principal", "end_user_space", "key_space", "load_keys_file"]
+
+ADMIN_SPACE = "@admin/"
+"""Where an admin key's anonymous conversations and per-key agent live (`@admin/<key name>/...`):
+no scoped key's prefix may overlap it, so no tenant lists or continues them (#33 F5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ class Principal:
             none for an admin key).
         max_parked_bytes: bytes of parked KV state its agents may keep (`0` = the
             server's default; none for an admin key).
+        max_requests_per_minute: requests it may start per minute (`0` = the server's default).
     """
 
     name: str
@@ -63,6 +69,7 @@ class Principal:
     max_concurrent: int = 0
     max_agents: int = 0
     max_parked_bytes: int = 0
+    max_requests_per_minute: int = 0
 
     def allows(self, agent_id: str) -> bool:
         """Whether this principal may call, read, change or forget `agent_id`."""
@@ -71,6 +78,29 @@ class Principal:
 
 LOCAL = Principal("local", admin=True)
 """The principal of every request on a server without keys."""
+
+
+def key_space(principal: Principal) -> str:
+    """The agent-id prefix a key's anonymous conversations live under: a scoped key's prefix,
+    `@admin/<key name>/` for an admin key (#33 F5), `""` on a server without keys.
+
+    >>> key_space(Principal("key-1a2b3c4d", "team-a/")), key_space(Principal("key-5e6f7a8b", admin=True))
+    ('team-a/', '@admin/key-5e6f7a8b/')
+    """
+    if principal.name == LOCAL.name:
+        return ""
+    return principal.prefix if not principal.admin else f"{ADMIN_SPACE}{principal.name}/"
+
+
+def end_user_space(principal: Principal, end_user: str) -> str:
+    """The agent-id prefix of one end user of a key (`--end-users`): `{key space}@u/<digest>/`, a tenant of
+    its own (`agentmem.pool.tenants.END_USER_MARK`). The digest keeps the end user's id out of agent ids.
+
+    >>> end_user_space(Principal("key-1a2b3c4d", "team-a/"), "alice@example.com")
+    'team-a/@u/ff8d9819fc0e12bf/'
+    """
+    digest = hashlib.sha256(end_user.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{key_space(principal)}{END_USER_MARK}{digest}/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +112,7 @@ class ApiKey:
 
     @classmethod
     def make(cls, key: str, *, prefix: str = "", admin: bool | None = None, max_concurrent: int = 0,
-             max_agents: int = 0, max_parked_bytes: int = 0) -> ApiKey:
+             max_agents: int = 0, max_parked_bytes: int = 0, max_requests_per_minute: int = 0) -> ApiKey:
         """A key with its scope and quotas; `admin` defaults to "no prefix".
 
         Raises:
@@ -99,7 +129,10 @@ class ApiKey:
             raise ConfigError(f"an admin key cannot have an agent-id prefix (got {prefix!r})")
         if not admin and not prefix:
             raise ConfigError("a non-admin key needs an agent-id prefix")
-        quotas = {"max_concurrent": max_concurrent, "max_agents": max_agents, "max_parked_bytes": max_parked_bytes}
+        if prefix and (ADMIN_SPACE.startswith(prefix) or prefix.startswith(ADMIN_SPACE)):
+            raise ConfigError(f"key prefix {prefix!r} overlaps {ADMIN_SPACE!r}, where admin keys' conversations live")
+        quotas = {"max_concurrent": max_concurrent, "max_agents": max_agents, "max_parked_bytes": max_parked_bytes,
+                  "max_requests_per_minute": max_requests_per_minute}
         for name, v in quotas.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {v!r}")
@@ -151,7 +184,7 @@ class KeyRing:
         return cls(keys)
 
 
-_QUOTAS = ("max_concurrent", "max_agents", "max_parked_bytes")
+_QUOTAS = ("max_concurrent", "max_agents", "max_parked_bytes", "max_requests_per_minute")
 _FIELDS = ("key", "prefix", "admin", *_QUOTAS)
 
 

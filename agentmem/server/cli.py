@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="several models: VRAM for offloaded weights and live KV (0 = no limit)")
     model.add_argument("--unload-policy", choices=("cost", "lru"), default="cost",
                        help="several models: which idle model to unload first (cost: reload time x likelihood of use)")
+    model.add_argument("--load-wait", type=float, default=60.0, metavar="S",
+                       help="several models: how long a call waits for the models in use to make room for its model, "
+                            "then a 503 with Retry-After (60)")
     model.add_argument("--resident", type=int, default=4, metavar="N", help="agents with a live sequence at once (4)")
     model.add_argument("--n-ctx", type=int, default=8192, help="KV cells of the shared context (8192)")
     model.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = automatic)")
@@ -67,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="a request naming no agent: the conversation its history continues, or a new one "
                           "(lines, the default), 400 (reject) or the key's one anonymous agent (per-key)")
     sec.add_argument("--metrics-public", action="store_true", help="serve /metrics to every key, not only admin keys")
+    sec.add_argument("--end-users", action="store_true",
+                     help="keep each end user of a key apart (X-End-User, else the user field): no shared lines, "
+                          "prefixes or cached_tokens across end users; user then names the end user, not the agent")
+    sec.add_argument("--api-docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
     model.add_argument("--decode-strategy", choices=("lazy", "free_then_forced"), default="lazy",
                        help="a free tool turn: one decode under a lazy call grammar (lazy, the default), or free "
                             "then once more forced when it was a broken call (free_then_forced)")
@@ -85,10 +92,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for (4096)")
     lim.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request without one (256)")
     lim.add_argument("--max-concurrent", type=int, default=8, help="requests in flight per key; more is a 429 (8)")
+    lim.add_argument("--max-rpm", type=int, default=0,
+                     help="requests one key may start per minute; more is a 429 with Retry-After (0 = no limit)")
     lim.add_argument("--max-agents", type=int, default=256,
                      help="agents one scoped key may keep; more is a 429 (256; 0 = no limit)")
     lim.add_argument("--max-parked-bytes", type=int, default=1 << 30,
                      help="parked KV bytes one scoped key's agents may keep; over it calls get 429 (1 GiB; 0 = none)")
+    lim.add_argument("--max-input-items", type=int, default=4096,
+                     help="messages or Responses input items one request may carry; more is a 413 (4096)")
+    lim.add_argument("--max-lines", type=int, default=64,
+                     help="anonymous conversations one key keeps; a new one past it forgets the least recently "
+                          "used (64; 0 = no cap)")
+    lim.add_argument("--line-park", type=float, default=300.0, metavar="S",
+                     help="park an anonymous conversation idle this long (300; 0 = never)")
+    lim.add_argument("--line-idle", type=float, default=3600.0, metavar="S",
+                     help="forget an anonymous conversation idle this long (3600; 0 = never)")
     lim.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S", help="seconds in-flight requests get at SIGTERM (10)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level (info)")
 
@@ -117,7 +135,7 @@ def _served(args: argparse.Namespace, models: dict[str, str]) -> Any:
         raise ConfigError("--ram-budget and --vram-budget must be >= 0")
     return ServedModels(models=models, config=_pool_config(args, None, archive_path=None),
                         ram_budget_bytes=args.ram_budget, vram_budget_bytes=args.vram_budget,
-                        unload_policy=args.unload_policy, archive_dir=args.archive)
+                        unload_policy=args.unload_policy, archive_dir=args.archive, load_wait_s=args.load_wait)
 
 
 def _pool_config(args: argparse.Namespace, model: str | None, **over: Any) -> Any:
@@ -161,11 +179,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
         max_concurrent_per_key=args.max_concurrent, shutdown_grace_s=args.shutdown_grace,
+        max_requests_per_minute_per_key=args.max_rpm,
         max_agents_per_key=args.max_agents, max_parked_bytes_per_key=args.max_parked_bytes,
         metrics_public=args.metrics_public,
         durability=args.durability or ("call" if args.archive_url else "exit"),
         cluster=bool(args.archive_url), replica_id=args.replica_id, lease_ttl_s=args.lease_ttl,
-        decode_strategy=args.decode_strategy,
+        decode_strategy=args.decode_strategy, max_input_items=args.max_input_items,
+        max_lines_per_key=args.max_lines, line_park_s=args.line_park, line_idle_s=args.line_idle,
+        end_users=args.end_users, api_docs=args.api_docs,
     )
     if settings.durability == "call" and not (config.archive_path or args.archive_url):
         raise ConfigError("--durability call needs --archive")

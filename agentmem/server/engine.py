@@ -17,22 +17,23 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Iterator, Literal
 
 from agentmem.calls import CallOutcome, CallRunner, get_strategy
 from agentmem.calls.runner import until_done
 from agentmem.config import PoolConfig
 from agentmem.errors import ConfigError, ModelMismatchError
 from agentmem.models import MemoryPool, ModelLease
-from agentmem.pool import ChatResult
+from agentmem.pool import ChatResult, ModelEngine
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
-from agentmem.server.auth import Principal
+from agentmem.server.auth import LOCAL, Principal, key_space
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
+from agentmem.server.lifecycle import Lifecycle
 from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
-from agentmem.server.quotas import CallLease, Quotas
+from agentmem.server.quotas import Quotas
 from agentmem.server.registry import Models, Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
@@ -130,9 +131,10 @@ class Engine(AgentOps):
             self._config = self._config.replace(tenants=tuple(dict.fromkeys(self._config.tenants + tenants)))
         elif opened is not None and tenants:
             opened.add_tenants(tenants)
-        self.quotas = Quotas(settings)
+        self.quotas = Quotas(settings, tenants)
         self.own_pool = self._config is not None if own_pool is None else own_pool
-        self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key)
+        self.queue = AgentQueue(default_limit=settings.max_concurrent_per_key,
+                                default_rate=settings.max_requests_per_minute_per_key)
         self.processing = 0
         self._runners: dict[str, CallRunner] = {}
         self.models = Models(self._pool, self.queue.call, many=many, name=lambda: self.model_name)
@@ -140,6 +142,10 @@ class Engine(AgentOps):
                                      deferred=lambda: self.queue.waiting,
                                      models=self._model_series if self.team is not None else None,
                                      model_names=self.model_names)
+        self.lifecycle = Lifecycle(settings, quotas=self.quotas, usage=self.models, pools=self._loaded_pools,
+                                   call=self.queue.call, forget=lambda aid: self.forget(LOCAL, aid),
+                                   park=lambda aid, tier: self.park(LOCAL, aid, tier),
+                                   observe=self.metrics.observe_conversation)
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -181,9 +187,11 @@ class Engine(AgentOps):
             self.pool = await asyncio.to_thread(MemoryPool, config=self._config)
         if self.replica is not None:
             self.replica.start()
+        self.lifecycle.start()
 
     async def stop(self) -> None:
         """Finish or cancel in-flight calls, then close an owned pool (checkpointing its archive)."""
+        await self.lifecycle.stop()
         await self.queue.shutdown(self.settings.shutdown_grace_s)
         owned = self.team if self.team is not None else self.pool
         if owned is not None and self.own_pool:
@@ -198,6 +206,13 @@ class Engine(AgentOps):
         if pool is None or pool.closed:
             raise ApiError(503, "the model is not loaded", code="unavailable")
         return pool
+
+    def _loaded_pools(self) -> Iterator[ModelEngine]:
+        """Each loaded model's engine, held loaded while the loop body runs (blocking; the lifecycle's sweeps)."""
+        if self.team is None and (self.pool is None or self.pool.closed):
+            return  # one model, not opened yet (or closed)
+        for lease in self.models.each_loaded():
+            yield lease.pool
 
     def _stats_or_none(self) -> dict[str, Any] | None:
         pool = self.pool
@@ -214,27 +229,17 @@ class Engine(AgentOps):
         """A concurrency slot for a request (429/503 otherwise)."""
         return self.queue.admit(principal)
 
-    async def admit_call(self, principal: Principal, target: Target) -> Lease:
-        """A slot for a call of `target`: 429 over the key's calls in flight, agents or parked bytes; 503.
+    async def admit_call(self, lease: Lease, target: Target) -> Lease:
+        """Reserve the key's quotas for a call of `target` under the request's admission `lease`
+        (`serving.admitted`, taken before any work): 429 over the key's agents or parked bytes.
 
-        The target's line claim and model lease end with the returned lease (or now, when admission fails).
+        The reservation ends with `lease`, as the target's line claim and model lease do. A new
+        anonymous conversation first forgets the key's least recently used ones past its caps
+        (`Lifecycle.make_room`): a key used normally never meets a 429 for them.
         """
-        try:
-            lease = self.queue.admit(principal)
-            try:
-                settle = await self.quotas.reserve(principal, target.agent_id, self.models)
-            except BaseException:
-                lease.release()
-                raise
-        except BaseException:
-            target.release()
-            raise
-
-        def end() -> None:
-            settle()
-            target.release()
-
-        return CallLease(lease.queue, lease.principal, settle=end)  # takes over the queue's slot
+        await self.lifecycle.make_room(lease.principal, target)
+        lease.then(await self.quotas.reserve(lease.principal, target.agent_id, self.models))
+        return lease
 
     # ------------------------------------------------------------------ which agent, which model
     async def seat(self, agent_id: str, model: str | None) -> Target:
@@ -244,17 +249,18 @@ class Engine(AgentOps):
         return Target(agent_id, seat)
 
     async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest,
-                        model: str | None = None) -> Target:
+                        model: str | None = None, *, space: str | None = None) -> Target:
         """The agent of a request that names none (`--anonymous lines`): the conversation it continues, or a new one.
 
         Looked up in the key's scope (its prefix's tenant; `agentmem.pool.lines`) on the prompt
         the call will render (tools and the JSON block included), among the lines of the
-        request's model only; the line stays claimed until the call's lease is released.
+        request's model only; the line stays claimed until the call's lease is released. `space`:
+        the request's end-user space (`--end-users`), else the key's (`auth.key_space`).
         """
         seat = await self.models.model_seat(model)
         note_model(seat.name)
         try:
-            scope = "" if principal.name == "local" else principal.prefix
+            scope = key_space(principal) if space is None else space
             line = await self.queue.call(self._lookup(req, seat.pool, scope))
             if self.team is not None:
                 line = await self._bind_line(req, seat, scope, line)

@@ -6,7 +6,8 @@ through), or the `agent_id` extension field (`extra_body={"agent_id": ...}`). Wi
 of them, by the server's `anonymous` policy: `lines` (the default) finds the conversation
 the request's history continues (`MemoryPool.find_line`, scoped to the key's prefix; the
 route does it, `resolve_agent_id` returns None), `per-key` gives the key's anonymous
-agent, `{prefix}anonymous-{key name}` (`anonymous` without keys), `reject` a 400. With
+agent, `{prefix}anonymous-{key name}` (`@admin/{key name}/anonymous` for an admin key, `anonymous`
+without keys), `reject` a 400. With
 several models the per-key agent is one per model: `...anonymous-{key name}@{model}`
 (an agent's KV belongs to one model). Lines are per model too: each model's pool keeps
 its own (`registry`).
@@ -27,13 +28,26 @@ from typing import Any
 
 import agentmem.validation as check
 from agentmem.errors import ConfigError
-from agentmem.server.auth import Principal
+from agentmem.server.auth import ADMIN_SPACE, Principal
 from agentmem.server.http_errors import ApiError
 
-__all__ = ["AGENT_HEADER", "agent_header", "authorize", "resolve_agent_id"]
+__all__ = ["AGENT_HEADER", "END_USER_HEADER", "agent_header", "authorize", "end_user", "resolve_agent_id"]
 
 AGENT_HEADER = "X-Agent-Id"
-_HEADER_KEY = AGENT_HEADER.lower().encode("ascii")
+END_USER_HEADER = "X-End-User"
+_MAX_END_USER = 256
+
+
+def _header(headers: Any, header: str) -> str | None:
+    key = header.lower().encode("ascii")
+    for name, value in headers.raw:
+        if name.lower() == key:
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ApiError(400, f"the {header} header must be UTF-8 text", code="invalid_request",
+                               param=header) from exc
+    return None
 
 
 def agent_header(headers: Any) -> str | None:
@@ -42,14 +56,24 @@ def agent_header(headers: Any) -> str | None:
     Raises:
         ApiError: 400 when its bytes are not UTF-8 (`param` names the header).
     """
-    for name, value in headers.raw:
-        if name.lower() == _HEADER_KEY:
-            try:
-                return bytes(value).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ApiError(400, f"the {AGENT_HEADER} header must be UTF-8 text", code="invalid_request",
-                               param=AGENT_HEADER) from exc
-    return None
+    return _header(headers, AGENT_HEADER)
+
+
+def end_user(headers: Any, field: str | None, *, name: str = "user") -> str | None:
+    """The end user of a request on a server with `--end-users`: the `X-End-User` header, else the body's
+    end-user field (`name`: OpenAI's `user`, Anthropic's `metadata.user_id`); `None` when neither is sent.
+
+    Raises:
+        ApiError: 400 when it is longer than 256 characters (`param` names where it came from).
+    """
+    value, where = _header(headers, END_USER_HEADER), END_USER_HEADER
+    if not value:
+        value, where = field, name
+    if not value:
+        return None
+    if len(value) > _MAX_END_USER:
+        raise ApiError(400, f"{where} must be at most {_MAX_END_USER} characters", code="invalid_request", param=where)
+    return value
 
 
 def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -> str:
@@ -61,7 +85,7 @@ def authorize(principal: Principal, agent_id: str, *, field: str = "agent_id") -
 
 def resolve_agent_id(
     principal: Principal, *, header: str | None, user: str | None, extension: str | None, anonymous: str,
-    model: str | None = None,
+    model: str | None = None, space: str | None = None,
 ) -> str | None:
     """The agent a request names (validated and authorized); None: none named and the policy is `lines`.
 
@@ -72,6 +96,8 @@ def resolve_agent_id(
         extension: the body's `agent_id` field, if any.
         anonymous: the server's fallback policy (`lines`, `reject` or `per-key`).
         model: several models: the request's model, which a `per-key` agent id ends with.
+        space: the request's end-user space (`auth.end_user_space`, `--end-users`): a `per-key`
+            agent is one per end user, `{space}anonymous`.
 
     Raises:
         ApiError: 400 when no agent is named and the policy is `reject`, or the id is
@@ -87,7 +113,14 @@ def resolve_agent_id(
     if anonymous == "lines":
         return None
     if anonymous == "per-key":
-        agent_id = "anonymous" if principal.name == "local" else f"{principal.prefix}anonymous-{principal.name}"
+        if space is not None:
+            agent_id = f"{space}anonymous"
+        elif principal.name == "local":
+            agent_id = "anonymous"
+        elif principal.admin:  # under the admin space, where no scoped key reaches (#33 F5)
+            agent_id = f"{ADMIN_SPACE}{principal.name}/anonymous"
+        else:
+            agent_id = f"{principal.prefix}anonymous-{principal.name}"
         return agent_id if model is None else f"{agent_id}@{model}"
     raise ApiError(
         400,

@@ -15,8 +15,9 @@ Series named like llama-server's where the meaning matches, so its dashboards wo
 
 and `agentmem_*` series: kept by the server (`agentmem_requests_total{model,route,status}`,
 `agentmem_ttft_seconds{model,kv}` per call, `agentmem_prompt_tokens_cached_total{model}`,
-`agentmem_prompt_tokens_prefilled_total{model}`, `agentmem_client_disconnects_total`) and read
-from `MemoryPool.stats()` at scrape time (`agentmem_agents`, `agentmem_tier_agents{tier}`,
+`agentmem_prompt_tokens_prefilled_total{model}`, `agentmem_client_disconnects_total`,
+`agentmem_conversations_total{action}`: anonymous conversations parked or forgotten by the
+lifecycle) and read from `MemoryPool.stats()` at scrape time (`agentmem_agents`, `agentmem_tier_agents{tier}`,
 `agentmem_tier_bytes{tier}`, `agentmem_restores_total{tier}`, `agentmem_kv_reuses_total`,
 `agentmem_parks_total`, `agentmem_demotions_total`, `agentmem_drops_total`,
 `agentmem_prefetch_hits_total`, `agentmem_prefetch_misses_total`, `agentmem_evictions_total`,
@@ -170,6 +171,7 @@ class ServerMetrics:
         self.tokens: Counter[tuple[str, str]] = Counter()  # (model, prompt_prefilled|prompt_cached|predicted)
         self.seconds: Counter[tuple[str, str]] = Counter()  # (model, prompt|predicted)
         self.disconnects = 0
+        self.conversations: Counter[str] = Counter()  # lifecycle actions: parked, forgotten_idle, forgotten_cap
         self.ttft: dict[tuple[str, str], _Histogram] = {}  # (model, kv)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -204,6 +206,11 @@ class ServerMetrics:
         with self._lock:
             self.disconnects += 1
 
+    def observe_conversation(self, action: str) -> None:
+        """Count one lifecycle action on an anonymous conversation (`server.lifecycle`)."""
+        with self._lock:
+            self.conversations[action] += 1
+
     def render(self) -> bytes:
         """The Prometheus text (blocking: reads the pool's stats under its lock)."""
         return generate_latest(self.registry)
@@ -216,6 +223,7 @@ class ServerMetrics:
         with self._lock:
             tokens, seconds, disconnects = dict(self.tokens), dict(self.seconds), self.disconnects
             requests = dict(self.requests)
+            conversations = dict(self.conversations)
             ttft = {k: (h.cumulative(), h.sum) for k, h in self.ttft.items()}
         models = sorted({*self._names(), *(m for m, _ in tokens)})
         yield from _call_series(models, tokens, seconds)
@@ -224,6 +232,11 @@ class ServerMetrics:
         yield GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred (waiting for their agent).",
                                 value=self._deferred())
         yield CounterMetricFamily("agentmem_client_disconnects", "Streams whose client went away.", value=disconnects)
+        conv = CounterMetricFamily("agentmem_conversations", "Anonymous conversations parked or forgotten by policy.",
+                                   labels=["action"])
+        for action in ("parked", "forgotten_idle", "forgotten_cap"):
+            conv.add_metric([action], conversations.get(action, 0))
+        yield conv
         req = CounterMetricFamily("agentmem_requests", "HTTP requests answered.", labels=["model", "route", "status"])
         for key, n in sorted(requests.items()):
             req.add_metric(list(key), n)

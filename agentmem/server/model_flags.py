@@ -76,6 +76,8 @@ class ServedModels:
         vram_budget_bytes: `--vram-budget` (models with `n_gpu_layers != 0`; `0`: no limit).
         unload_policy: `--unload-policy` (`cost` or `lru`).
         archive_dir: `--archive` as a directory (one `<model>.db` each); `None`: a temporary one.
+        load_wait_s: `--load-wait`: how long a call waits for the models in use to make room for its
+            model (then a 503 `model_unavailable` with `Retry-After`).
     """
 
     models: dict[str, str]
@@ -84,6 +86,7 @@ class ServedModels:
     vram_budget_bytes: int = 0
     unload_policy: str = "cost"
     archive_dir: str | None = None
+    load_wait_s: float = 60.0
     preload: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -114,4 +117,5 @@ class ServedModels:
         return MemoryPool(models=self.models, ram_budget_bytes=self.ram_budget_bytes,
                           vram_budget_bytes=self.vram_budget_bytes,
                           archive_dir=None if self.archive_dir is None else os.fspath(self.archive_dir), config=config,
-                          unload_policy=self.unload_policy, preload=self.preload or (self.default,))
+                          unload_policy=self.unload_policy, preload=self.preload or (self.default,),
+                          load_wait_s=self.load_wait_s)

@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, Request
 import agentmem
 from agentmem.model import model_fingerprint
 from agentmem.server.auth import Principal
+from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
@@ -40,8 +41,9 @@ from agentmem.server.ollama_schemas import (
     to_chat_request,
     to_generate_request,
 )
+from agentmem.server.queue import Lease
 from agentmem.server.schemas import ChatCompletionRequest
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 
 __all__ = ["router"]
@@ -97,16 +99,25 @@ async def _loaded(eng: Engine, model: str | None) -> str:
     return seat.name
 
 
-@router.post("/api/chat")
-async def chat(req: ChatRequest, request: Request, who: Principal = Depends(principal),
-               eng: Engine = Depends(engine)) -> Any:
+@router.post("/api/chat", openapi_extra=body_schema(ChatRequest))
+async def chat(
+        request: Request, req: ChatRequest = Depends(json_body(ChatRequest, "messages")),
+        eng: Engine = Depends(engine)) -> Any:
     """Ollama chat: NDJSON chunks (default) or one object; tools, `format`, `options`."""
     t0 = time.perf_counter()
-    if not req.messages:  # Ollama answers an empty chat by loading the model
-        return {"model": await _loaded(eng, req.model), "created_at": _now(), "message": _message(""), "done": True,
-                "done_reason": "load"}
-    body = to_chat_request(req)
-    target = await find_agent(eng, who, request, body)
+    async with admitted(request) as lease:
+        if not req.messages:  # Ollama answers an empty chat by loading the model
+            try:
+                return {"model": await _loaded(eng, req.model), "created_at": _now(), "message": _message(""),
+                        "done": True, "done_reason": "load"}
+            finally:
+                lease.release()
+        return await _chat(eng, lease, request, req, t0)
+
+
+async def _chat(eng: Engine, lease: Lease, request: Request, req: ChatRequest, t0: float) -> Any:
+    body = await off_loop(to_chat_request, req)
+    target = await find_agent(eng, lease, request, body)
     model = target.model
 
     def render(event: Event) -> list[bytes]:
@@ -124,23 +135,32 @@ async def chat(req: ChatRequest, request: Request, who: Principal = Depends(prin
         return out
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_chat(target, body), req.stream,
+        eng, lease, target, request, lambda: eng.prepare_chat(target, body), req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "message": _message(o.reply.content or "", o),
                          **_counters(o, t0)},
         render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )
 
 
-@router.post("/api/generate")
-async def generate(req: GenerateRequest, request: Request, who: Principal = Depends(principal),
-                   eng: Engine = Depends(engine)) -> Any:
+@router.post("/api/generate", openapi_extra=body_schema(GenerateRequest))
+async def generate(
+        request: Request, req: GenerateRequest = Depends(json_body(GenerateRequest, "prompt")),
+        eng: Engine = Depends(engine)) -> Any:
     """Ollama generate: `prompt` (+ `system`) through the chat template, or `raw`."""
     t0 = time.perf_counter()
-    if not req.prompt:  # Ollama answers an empty prompt by loading the model
-        return {"model": await _loaded(eng, req.model), "created_at": _now(), "response": "", "done": True,
-                "done_reason": "load"}
-    body = to_generate_request(req)
-    target = await find_agent(eng, who, request, body)
+    async with admitted(request) as lease:
+        if not req.prompt:  # Ollama answers an empty prompt by loading the model
+            try:
+                return {"model": await _loaded(eng, req.model), "created_at": _now(), "response": "", "done": True,
+                        "done_reason": "load"}
+            finally:
+                lease.release()
+        return await _generate(eng, lease, request, req, t0)
+
+
+async def _generate(eng: Engine, lease: Lease, request: Request, req: GenerateRequest, t0: float) -> Any:
+    body = await off_loop(to_generate_request, req)
+    target = await find_agent(eng, lease, request, body)
     model = target.model
 
     def prepare() -> Any:
@@ -156,7 +176,7 @@ async def generate(req: GenerateRequest, request: Request, who: Principal = Depe
         return [_line({"model": model, "created_at": _now(), "response": "", **_counters(value, t0)})]
 
     return await respond(
-        eng, who, target, request, prepare, req.stream,
+        eng, lease, target, request, prepare, req.stream,
         reply=lambda o: {"model": model, "created_at": _now(), "response": o.reply.content or "", **_counters(o, t0)},
         render=render, head=[], done=[], error_chunk=_stream_error, media_type=NDJSON,
     )
@@ -227,13 +247,19 @@ async def tags(who: Principal = Depends(principal), eng: Engine = Depends(engine
 
 @router.get("/api/ps")
 async def ps(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The loaded models (one model stays loaded while the server runs; several load and unload)."""
-    del who
+    """The loaded models (one model stays loaded while the server runs; several load and unload).
+
+    With several, a scoped key sees only the loaded models its own agents are bound to: which
+    models another tenant keeps loaded is that tenant's activity (#33 F6).
+    """
     _check_ready(eng)
     models = eng.models
 
+    def mine(name: str) -> bool:
+        return not models.many or who.admin or any(who.allows(a) for a in models.pool().bindings.agents(name))
+
     def running() -> list[dict[str, Any]]:
-        return [_running(lease.name, lease.pool) for lease in models.each_loaded()]
+        return [_running(lease.name, lease.pool) for lease in models.each_loaded() if mine(lease.name)]
 
     return {"models": await eng.queue.call(running)}
 
@@ -256,16 +282,27 @@ def _show(pool: Any, name: str) -> dict[str, Any]:
 
 @router.post("/api/show")
 async def show(req: ShowRequest, who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it;
-    several: the one named, loaded for this if it is not)."""
+    """The model's details, chat template, GGUF metadata and capabilities (one model: any name gets it).
+
+    With several, a loaded model is read under a lease taken only if it is loaded; an unloaded one
+    is described from its file alone (no template or metadata): showing never loads a model, so
+    `show` cannot be used to make the server load and unload models (#33 F2).
+    """
     del who
     _check_ready(eng)
-    seat = await eng.models.model_seat(eng.models.choose(req.model or req.name))
-    note_model(seat.name)
-    try:
-        return _show(seat.pool, seat.name)
-    finally:
-        seat.release()
+    models = eng.models
+    name = models.choose(req.model or req.name) or models.default
+    shown = models.shown(name)
+    note_model(shown)
+    pool = models.pool()
+    lease = pool.lease_if_loaded(name)
+    if lease is not None:
+        with lease:
+            return _show(lease.pool, shown)
+    path = Path(next(m["path"] for m in pool.models() if m["name"] == name))
+    entry = await eng.queue.call(lambda: _file_entry(shown, path, "", _details(None)))
+    return {"modelfile": "", "parameters": "", "template": "", "details": entry["details"], "model_info": {},
+            "capabilities": ["completion", "tools"], "modified_at": entry["modified_at"]}
 
 
 @router.get("/api/version")

@@ -17,10 +17,12 @@ from fastapi.responses import JSONResponse
 
 from agentmem.server import responses as R
 from agentmem.server.auth import Principal
+from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
+from agentmem.server.queue import Lease
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.serving import admitted, find_agent, respond
 
 __all__ = ["router"]
 
@@ -33,11 +35,17 @@ _MODEL_FIELDS = ("state", "device", "weights_bytes", "ctx_bytes", "agents", "in_
 """What `/v1/models` says of each model, with several (`MemoryPool.models()`; bytes: known once loaded)."""
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request, who: Principal = Depends(principal),
-                           eng: Engine = Depends(engine)) -> Any:
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_completions(
+        request: Request, req: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest, "messages")),
+        eng: Engine = Depends(engine)) -> Any:
     """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
-    target = await find_agent(eng, who, request, req)
+    async with admitted(request) as lease:
+        return await _chat(eng, lease, request, req)
+
+
+async def _chat(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest) -> Any:
+    target = await find_agent(eng, lease, request, req)
     ids = R.Ids("chatcmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -49,17 +57,23 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, who: Pr
         return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
+        eng, lease, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
         reply=lambda out: R.chat_completion(ids, out),
         render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
     )
 
 
-@router.post("/v1/completions")
-async def completions(req: CompletionRequest, request: Request, who: Principal = Depends(principal),
-                      eng: Engine = Depends(engine)) -> Any:
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+async def completions(
+        request: Request, req: CompletionRequest = Depends(json_body(CompletionRequest, "prompt")),
+        eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
-    target = await find_agent(eng, who, request, req)
+    async with admitted(request) as lease:
+        return await _completion(eng, lease, request, req)
+
+
+async def _completion(eng: Engine, lease: Lease, request: Request, req: CompletionRequest) -> Any:
+    target = await find_agent(eng, lease, request, req)
     ids = R.Ids("cmpl", target.model)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -74,24 +88,37 @@ async def completions(req: CompletionRequest, request: Request, who: Principal =
         return out
 
     return await respond(
-        eng, who, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
+        eng, lease, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
         reply=lambda out: R.completion(ids, out),
         render=render, head=[],
     )
 
 
+_TENANT_FIELDS = ("device",)
+"""What a scoped key sees of each model, with several: no state, bytes (known once loaded), loads or calls in
+flight, which show other tenants' activity (#33 F6); `agents` counts its own."""
+
+
 @router.get("/v1/models")
 async def models(who: Principal = Depends(principal), eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """The one model this server runs; with several, each with its state in an `agentmem` object."""
-    del who
+    """The one model this server runs; with several, each with its state in an `agentmem` object.
+
+    An admin key sees every model's state, agents, calls in flight and load counts; a scoped key
+    sees only what says nothing of other tenants, and its own agents per model.
+    """
     if eng.team is None:
         return {"object": "list",
                 "data": [{"id": eng.model_name, "object": "model", "created": 0, "owned_by": "agentmem"}]}
-    default = eng.team.bindings.default
+    team = eng.team
+    default, listed = team.bindings.default, team.models()
+    if who.admin:
+        rows = [{"default": m["name"] == default, **{k: m[k] for k in _MODEL_FIELDS}} for m in listed]
+    else:
+        rows = [{"default": m["name"] == default, **{k: m[k] for k in _TENANT_FIELDS},
+                 "agents": sum(1 for a in team.bindings.agents(m["name"]) if who.allows(a))} for m in listed]
     return {"object": "list", "data": [
-        {"id": m["name"], "object": "model", "created": 0, "owned_by": "agentmem",
-         "agentmem": {"default": m["name"] == default, **{k: m[k] for k in _MODEL_FIELDS}}}
-        for m in eng.team.models()]}
+        {"id": m["name"], "object": "model", "created": 0, "owned_by": "agentmem", "agentmem": row}
+        for m, row in zip(listed, rows)]}
 
 
 @router.get("/health")

@@ -1,7 +1,9 @@
 """The request/agent queue: who may run now, one call per agent, pool work in worker threads.
 
 * `admit` hands a principal a `Lease` or refuses at once: 429 when the key has
-  `max_concurrent` requests in flight, 503 while the server is shutting down.
+  `max_concurrent` requests in flight or has used up its `max_requests_per_minute` (a token
+  bucket: that many at once, refilled evenly over a minute; `Retry-After` says when the next
+  one is due), 503 while the server is shutting down. Routes admit before any work (#33 F1).
 * `turns` (`agentmem.calls.AgentTurns`) holds an agent for one call: the calls of one
   agent run one after the other (they continue one KV sequence); calls of different agents
   run concurrently and the pool batches their decode steps. Waiting costs no thread.
@@ -15,7 +17,9 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncContextManager, AsyncIterator, Callable, TypeVar
 
 from agentmem.calls import AgentTurns
@@ -33,16 +37,33 @@ _T = TypeVar("_T")
 
 @dataclass(eq=False)
 class Lease:
-    """One admitted request of a principal; `release` (idempotent) frees its slot."""
+    """One admitted request of a principal; `release` (idempotent) frees its slot, then runs `then`'s callbacks.
+
+    A route takes its lease first, before it converts, renders or looks anything up
+    (#33 F1: work before admission let one key stall the others), and hands it on:
+    whatever the request holds later (a quota reservation, a line claim, a model lease)
+    is added with `then` and ends with it.
+    """
 
     queue: AgentQueue
     principal: Principal
     released: bool = False
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def then(self, end: Callable[[], None]) -> None:
+        """Run `end` when the lease is released (at once when it already was)."""
+        if self.released:
+            end()
+        else:
+            self.after.append(end)
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.queue._release(self.principal)
+            ends, self.after = self.after, []
+            for end in reversed(ends):
+                end()
 
 
 class AgentQueue:
@@ -51,11 +72,14 @@ class AgentQueue:
     Args:
         default_limit: requests a principal may have in flight unless its key sets
             `max_concurrent`.
+        default_rate: requests a principal may start per minute unless its key sets
+            `max_requests_per_minute` (`0`: no limit).
     """
 
-    def __init__(self, *, default_limit: int) -> None:
-        self.default_limit = default_limit
+    def __init__(self, *, default_limit: int, default_rate: int = 0) -> None:
+        self.default_limit, self.default_rate = default_limit, default_rate
         self._in_flight: dict[str, int] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # key name -> (tokens, when counted)
         self.turns = AgentTurns()
         self.workers = Workers()
         self.closing = False
@@ -73,8 +97,24 @@ class AgentQueue:
         n = self._in_flight.get(principal.name, 0)
         if n >= limit:
             raise ApiError(429, f"too many concurrent requests for this API key (limit {limit})", code="rate_limit_exceeded")
+        self._spend(principal)
         self._in_flight[principal.name] = n + 1
         return Lease(self, principal)
+
+    def _spend(self, principal: Principal) -> None:
+        """Take one request from the key's per-minute bucket (429 with `Retry-After` when it is empty)."""
+        rate = principal.max_requests_per_minute or self.default_rate
+        if not rate:
+            return
+        now = time.monotonic()
+        tokens, then = self._buckets.get(principal.name, (float(rate), now))
+        tokens = min(float(rate), tokens + (now - then) * rate / 60.0)
+        if tokens < 1.0:
+            wait = math.ceil((1.0 - tokens) * 60.0 / rate)
+            raise ApiError(429, f"this API key may start at most {rate} requests per minute; retry in {wait} s",
+                           code="rate_limit_exceeded", param="max_requests_per_minute",
+                           headers={"Retry-After": str(wait)})
+        self._buckets[principal.name] = (tokens - 1.0, now)
 
     def _release(self, principal: Principal) -> None:
         n = self._in_flight.get(principal.name, 0) - 1

@@ -6,7 +6,7 @@ call slows down as agents accumulate (#23 finding 10: 265 agents added 105 MiB).
 
 | quota (key-file field) | server default (flag) | over it: 429 for |
 |---|---|---|
-| `max_agents`: agents under the key's prefix | 256 (`--max-agents`) | a call that would start one more |
+| `max_agents`: agents under the key's prefix (its own: not a nested key's) | 256 (`--max-agents`) | a call that would start one more named agent (a new anonymous conversation forgets the key's least recently used one instead: `lifecycle`) |
 | `max_parked_bytes`: their parked states (WARM + COLD) | 1 GiB (`--max-parked-bytes`) | every call of the key |
 | `max_concurrent`: requests in flight | 8 (`--max-concurrent`) | one more request |
 
@@ -30,16 +30,14 @@ the other agent actions never create agents (`Engine`: 404 for an unknown one).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from agentmem.pool.tenants import TenantUsage
 from agentmem.server.auth import Principal
 from agentmem.server.http_errors import ApiError
-from agentmem.server.queue import Lease
 from agentmem.server.settings import ServerSettings
 
-__all__ = ["CallLease", "Quotas"]
+__all__ = ["Quotas"]
 
 
 class UsageSource(Protocol):
@@ -52,28 +50,41 @@ def _nothing() -> None:
     return None
 
 
-@dataclass(eq=False)
-class CallLease(Lease):
-    """A `Lease` that, released, also returns the call's new-agent reservation (`settle`)."""
-
-    settle: Callable[[], None] = _nothing
-
-    def release(self) -> None:
-        if not self.released:
-            super().release()
-            self.settle()
-
-
 class Quotas:
     """The agent and parked-byte quotas of every key (see the module docstring).
 
     Args:
         settings: the server-wide defaults (`max_agents_per_key`, `max_parked_bytes_per_key`).
+        prefixes: the scoped keys' prefixes: a key's quota counts its own agents, not those of a
+            key nested in its prefix (`team-a/red/` inside `team-a/`).
     """
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, prefixes: tuple[str, ...] = ()) -> None:
         self.settings = settings
+        self.prefixes = prefixes
         self._pending: dict[str, set[str]] = {}  # key name -> new agents whose first call is running
+
+    def _nested(self, prefix: str) -> list[str]:
+        """The other keys' prefixes inside `prefix` (`team-a/red/` inside `team-a/`), outermost only."""
+        inner = [q for q in self.prefixes if q != prefix and q.startswith(prefix)]
+        return [q for q in inner if not any(q != o and q.startswith(o) for o in inner)]
+
+    def own_agents(self, principal: Principal, agents: frozenset[str]) -> frozenset[str]:
+        """Of `agents` (under the principal's prefix), those of its own key: a nested key's are not (#33 F7)."""
+        if principal.admin:
+            return agents
+        nested = tuple(self._nested(principal.prefix))
+        return frozenset(a for a in agents if not a.startswith(nested)) if nested else agents
+
+    def usage(self, principal: Principal, pool: UsageSource) -> TenantUsage:
+        """What `principal`'s own key keeps: its prefix's agents and bytes, less nested keys' (blocking)."""
+        usage = pool.tenant_usage(principal.prefix)
+        if principal.admin:
+            return usage
+        for q in self._nested(principal.prefix):
+            inner = pool.tenant_usage(q)
+            usage = TenantUsage(usage.agents - inner.agents, usage.parked_bytes - inner.parked_bytes)
+        return usage
 
     def limits(self, principal: Principal) -> tuple[int, int]:
         """`(max_agents, max_parked_bytes)` of `principal` (`0`: no limit)."""
@@ -91,7 +102,7 @@ class Quotas:
         max_agents, max_bytes = self.limits(principal)
         if not (max_agents or max_bytes):
             return _nothing
-        usage = await asyncio.to_thread(pool.tenant_usage, principal.prefix)
+        usage = await asyncio.to_thread(self.usage, principal, pool)
         # no await from here on: the check and the reservation are one step of the event loop
         pending = self._pending.setdefault(principal.name, set())
         known = agent_id in usage.agents or agent_id in pending

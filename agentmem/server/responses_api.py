@@ -33,6 +33,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from agentmem.errors import ConfigError
 from agentmem.server.auth import Principal
+from agentmem.server.bodies import body_schema, json_body
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
@@ -46,10 +47,11 @@ from agentmem.server.responses_schemas import (
     rename_field,
     to_chat,
 )
+from agentmem.server.queue import Lease
+from agentmem.server.registry import Target
 from agentmem.server.responses_store import ResponseStore, StoredResponse, scope_of
 from agentmem.server.schemas import ChatCompletionRequest
-from agentmem.server.registry import Target
-from agentmem.server.serving import find_agent, respond
+from agentmem.server.serving import admitted, find_agent, off_loop, respond
 
 __all__ = ["router", "store_of"]
 
@@ -264,33 +266,54 @@ class _Events:
 
 
 # ---------------------------------------------------------------------------- routes
-async def _agent_of(eng: Engine, who: Principal, request: Request, chat: ChatCompletionRequest,
+async def _agent_of(eng: Engine, lease: Lease, request: Request, chat: ChatCompletionRequest,
                     prev: StoredResponse | None) -> Target:
     """The agent: one the request names, else the previous response's, else the line its prompt continues."""
     if prev is None:
-        return await find_agent(eng, who, request, chat)
+        return await find_agent(eng, lease, request, chat)
+    who = lease.principal
     model = eng.models.choose(chat.model)
-    named = resolve_agent_id(who, header=agent_header(request.headers), user=chat.user, extension=chat.agent_id,
+    user = None if eng.settings.end_users else chat.user  # --end-users: `user` is the end user, not the agent
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=chat.agent_id,
                              anonymous="lines")  # "lines": None when none is named (the previous one is)
     agent_id = named if named is not None else authorize(who, prev.agent_id, field="previous_response_id")
-    return await eng.seat(agent_id, model)
+    target = await eng.seat(agent_id, model)
+    lease.then(target.release)
+    return target
 
 
-@router.post("/v1/responses")
-async def create_response(req: ResponseCreateRequest, request: Request, who: Principal = Depends(principal),
-                          eng: Engine = Depends(engine)) -> Any:
-    """OpenAI Responses: one model turn over `input` (after `previous_response_id`'s conversation)."""
-    store, scope = store_of(request), scope_of(who)
+def _convert(req: ResponseCreateRequest, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                                                 ChatCompletionRequest]:
+    """`input` as items, and the chat request of the history and them (blocking: run off the event loop)."""
+    own = normalize_input(req.input)
+    with _responses_fields():
+        return own, to_chat(req, [*history, *own])
+
+
+@router.post("/v1/responses", openapi_extra=body_schema(ResponseCreateRequest))
+async def create_response(
+        request: Request, req: ResponseCreateRequest = Depends(json_body(ResponseCreateRequest, "input")),
+        eng: Engine = Depends(engine)) -> Any:
+    """OpenAI Responses: one model turn over `input` (after `previous_response_id`'s conversation).
+
+    Admitted first (#33 F1); `input` is converted in a worker thread, never on the event loop.
+    """
+    async with admitted(request) as lease:
+        return await _create(eng, lease, request, req)
+
+
+async def _create(eng: Engine, lease: Lease, request: Request, req: ResponseCreateRequest) -> Any:
+    store, scope = store_of(request), scope_of(lease.principal)
     prev = None
     if req.previous_response_id is not None:
         prev = store.get(scope, req.previous_response_id)
         if prev is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
-    own = normalize_input(req.input)
-    turn = _Turn(req, eng.model_name, list(prev.items) if prev is not None else [], own, store, scope)
+    history = list(prev.items) if prev is not None else []
+    own, chat = await off_loop(_convert, req, history)
+    turn = _Turn(req, eng.model_name, history, own, store, scope)
     with _responses_fields():
-        chat = to_chat(req, [*turn.history, *own])
-        target = await _agent_of(eng, who, request, chat, prev)
+        target = await _agent_of(eng, lease, request, chat, prev)
     turn.agent_id, turn.model = target.agent_id, target.model
 
     async def prepare() -> Any:
@@ -299,7 +322,7 @@ async def create_response(req: ResponseCreateRequest, request: Request, who: Pri
 
     events = _Events(turn)
     return await respond(
-        eng, who, target, request, prepare, req.stream,
+        eng, lease, target, request, prepare, req.stream,
         reply=lambda out: turn.finish(out, turn.output(out, None)),
         render=events.render, head=events.head() if req.stream else [], done=[], error_chunk=events.error,
     )

@@ -26,15 +26,15 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentmem.server import responses as R
-from agentmem.server.auth import Principal
+from agentmem.server.auth import end_user_space
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import from_exception
-from agentmem.server.identity import AGENT_HEADER, agent_header, resolve_agent_id
+from agentmem.server.identity import AGENT_HEADER, agent_header, end_user, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["SSEResponse", "find_agent", "respond", "with_agent"]
+__all__ = ["SSEResponse", "admitted", "find_agent", "off_loop", "respond", "with_agent"]
 
 _T = TypeVar("_T")
 _POLL_S = 0.05  # how often a call waiting for its first event checks that its client is still there
@@ -130,17 +130,50 @@ async def _unless_gone(request: Request, work: Awaitable[_T]) -> _T:
                 await task
 
 
-async def find_agent(eng: Engine, who: Principal, request: Request,
-                     req: ChatCompletionRequest | CompletionRequest) -> Target:
+@contextlib.asynccontextmanager
+async def admitted(request: Request) -> AsyncIterator[Lease]:
+    """The request's admission lease (`bodies.json_body` took it before decoding the body: #33 F1),
+    released if the block raises.
+
+    On success the lease belongs to `respond`, which releases it with the response (a
+    stream: when it ends), or to the route.
+    """
+    lease: Lease = request.state.lease
+    try:
+        yield lease
+    except BaseException:
+        lease.release()
+        raise
+
+
+async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` in a worker thread: converting a large body (#33 F1: 120,000 Responses items took
+    ~4.9 s on the event loop and stalled every other tenant's `/health`) never blocks the loop."""
+    return await asyncio.to_thread(fn, *args)
+
+
+async def find_agent(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest | CompletionRequest,
+                     *, end_user_field: str | None = None, end_user_name: str = "user") -> Target:
     """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed;
     with the lease on its model (the request's `model`, the agent's, or the default: the one place
-    a request's model is chosen). Release it with the call (`respond` does)."""
+    a request's model is chosen). Both end with the admission `lease` (`respond` releases it).
+
+    With `--end-users` the request's end user (`X-End-User`, else `end_user_field`: the body's
+    `user` unless given, Anthropic's `metadata.user_id`) scopes its lines and its per-key agent
+    (`auth.end_user_space`), and `user` names no agent.
+    """
+    who = lease.principal
     model = eng.models.choose(req.model)
-    named = resolve_agent_id(who, header=agent_header(request.headers), user=req.user, extension=req.agent_id,
-                             anonymous=eng.settings.anonymous, model=eng.models.per_key_model(model))
-    if named is not None:
-        return await eng.seat(named, model)
-    return await eng.find_line(who, req, model)
+    space, user = None, req.user
+    if eng.settings.end_users:
+        field = req.user if end_user_field is None else end_user_field
+        name = end_user(request.headers, field, name=end_user_name)
+        space, user = (end_user_space(who, name) if name else None), None
+    named = resolve_agent_id(who, header=agent_header(request.headers), user=user, extension=req.agent_id,
+                             anonymous=eng.settings.anonymous, model=eng.models.per_key_model(model), space=space)
+    target = await eng.seat(named, model) if named is not None else await eng.find_line(who, req, model, space=space)
+    lease.then(target.release)
+    return target
 
 
 def with_agent(response: Response, agent_id: str) -> Response:
@@ -150,13 +183,14 @@ def with_agent(response: Response, agent_id: str) -> Response:
 
 
 async def respond(
-    eng: Engine, who: Principal, target: Target, request: Request, prepare: Callable[[], Awaitable[Any]],
+    eng: Engine, lease: Lease, target: Target, request: Request, prepare: Callable[[], Awaitable[Any]],
     stream: bool, *,
     reply: Callable[[Outcome], dict[str, Any]], render: Callable[[Event], list[bytes]], head: list[bytes],
     done: list[bytes] | None = None,
     error_chunk: Callable[[Exception], list[bytes]] = _openai_error, media_type: str = "text/event-stream",
 ) -> Any:
-    """Run a prepared call: one JSON reply, or an SSE stream that releases the admission lease at its end.
+    """Run a prepared call under the request's admission `lease` (`admitted`): one JSON reply, or an SSE
+    stream that releases the lease at its end.
 
     Until the response starts, a client that disconnects cancels the call (`_unless_gone`).
     The response names its agent in the `X-Agent-Id` header; the target's line claim and
@@ -165,7 +199,7 @@ async def respond(
     chunk becomes `error_chunk(exc)`; `media_type` is `application/x-ndjson` for Ollama.
     """
     agent_id = target.agent_id
-    lease = await eng.admit_call(who, target)
+    await eng.admit_call(lease, target)
     streaming = False
     events: AsyncIterator[Event] | None = None
 
@@ -180,7 +214,11 @@ async def respond(
     try:
         out = await _unless_gone(request, until_first())
         if not stream:
-            return with_agent(JSONResponse(reply(out)), agent_id)
+            body = reply(out)
+            replay = getattr(request.state, "replay", None)
+            if replay is not None:  # kept for the retries that send the same Idempotency-Key
+                request.app.state.replays.save(replay, body, agent_id)
+            return with_agent(JSONResponse(body), agent_id)
         assert events is not None
         streaming = True  # the stream releases the lease
     except _ClientGone:

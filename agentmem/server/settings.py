@@ -50,6 +50,9 @@ class ServerSettings:
         default_max_tokens: `max_tokens` of a request that sets none.
         max_concurrent_per_key: requests one API key (or, without keys, the whole server)
             may have in flight; one more gets 429 at once.
+        max_requests_per_minute_per_key: requests one key may start per minute (`0` = no
+            limit, the default); a token bucket of that size, refilled evenly; one more gets
+            429 with `Retry-After`, before any work. A key's own value overrides it.
         max_agents_per_key: agents one scoped API key may keep (`0` = no limit); a call
             that would start one more gets 429 `quota_exceeded` (param `max_agents`).
             A key's own `max_agents` overrides it; admin keys have none unless set.
@@ -76,6 +79,21 @@ class ServerSettings:
         decode_strategy: how a reply is generated (`agentmem.calls.strategy`): `lazy`
             (default: a free tool turn decodes once, under a lazy call grammar) or
             `free_then_forced` (free, then once more forced when the reply was a broken call).
+        max_input_items: most messages (chat, Messages, Ollama) or `input` items (Responses)
+            one request may carry; more is a 413 naming the field, before any conversion.
+        max_lines_per_key: anonymous conversations (lines and branches: agents the server
+            named `{scope}conv-...`) one key keeps, on a server with keys or without (`0` =
+            no cap): a new one past it forgets the least recently used idle one.
+        line_park_s: an anonymous conversation idle this long is parked (to the archive's cold
+            tier when there is one; `0` = never, the pool's own budget still parks it).
+        line_idle_s: an anonymous conversation idle this long is forgotten (`0` = never).
+            Named agents are never forgotten by the server (`DELETE /agents/{id}` does).
+        end_users: partition each key by end user (the `X-End-User` header, else the OpenAI
+            `user` field, Anthropic's `metadata.user_id`): lines, prefix sharing and
+            `cached_tokens` stay inside one end user. With it on, `user` names the end user,
+            not the agent (name agents with `X-Agent-Id` or `agent_id`).
+        api_docs: serve `/docs` and `/openapi.json` (default off: they describe the server to
+            anyone who can reach it, and need no key).
     """
 
     host: str = "127.0.0.1"
@@ -87,6 +105,7 @@ class ServerSettings:
     max_tokens_limit: int = 4096
     default_max_tokens: int = 256
     max_concurrent_per_key: int = 8
+    max_requests_per_minute_per_key: int = 0
     max_agents_per_key: int = 256
     max_parked_bytes_per_key: int = 1 << 30
     shutdown_grace_s: float = 10.0
@@ -96,6 +115,12 @@ class ServerSettings:
     replica_id: str = ""
     lease_ttl_s: float = 10.0
     decode_strategy: str = "lazy"
+    max_input_items: int = 4096
+    max_lines_per_key: int = 64
+    line_park_s: float = 300.0
+    line_idle_s: float = 3600.0
+    end_users: bool = False
+    api_docs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -104,11 +129,13 @@ class ServerSettings:
             raise ConfigError(f"port must be in [1, 65535], got {self.port!r}")
         if self.anonymous not in ANONYMOUS_POLICIES:
             raise ConfigError(f"anonymous must be one of {', '.join(ANONYMOUS_POLICIES)}, got {self.anonymous!r}")
-        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_concurrent_per_key"):
+        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_concurrent_per_key",
+                     "max_input_items"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("max_prompt_tokens", "max_agents_per_key", "max_parked_bytes_per_key"):
+        for name in ("max_prompt_tokens", "max_agents_per_key", "max_parked_bytes_per_key", "max_lines_per_key",
+                     "max_requests_per_minute_per_key"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {v!r}")
@@ -128,8 +155,13 @@ class ServerSettings:
             raise ConfigError(f"lease_ttl_s must be a number >= 1, got {self.lease_ttl_s!r}")
         if self.decode_strategy not in DECODE_STRATEGIES:
             raise ConfigError(f"decode_strategy must be one of {', '.join(DECODE_STRATEGIES)}, got {self.decode_strategy!r}")
-        if not isinstance(self.shutdown_grace_s, (int, float)) or self.shutdown_grace_s < 0:
-            raise ConfigError(f"shutdown_grace_s must be a number >= 0, got {self.shutdown_grace_s!r}")
+        for name in ("shutdown_grace_s", "line_park_s", "line_idle_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"{name} must be a number >= 0, got {v!r}")
+        for name in ("end_users", "api_docs", "metrics_public"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON-serializable)."""

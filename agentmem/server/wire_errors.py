@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from agentmem.server.http_errors import ApiError, from_exception
+from agentmem.server.idempotency import Replayed
 
 __all__ = ["as_api_error", "shaped_route"]
 
@@ -46,6 +47,8 @@ def shaped_route(render: Callable[[ApiError], Any]) -> type[APIRoute]:
             async def shaped(request: Request) -> Response:
                 try:
                     return await handler(request)
+                except Replayed as replay:  # a retry's saved answer (not an error)
+                    return replay.response()
                 except Exception as exc:  # every error of these routes, in their API's shape
                     err = as_api_error(exc)
                     return JSONResponse(render(err), status_code=err.status, headers=err.headers)

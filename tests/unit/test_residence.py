@@ -82,7 +82,7 @@ def test_a_pinned_agent_is_busy_not_an_internal_error(tiny_model_path: Path) -> 
     """
     with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=2, n_batch=64, n_threads=1, prefetch=False) as p:
         p.chat("a", [{"role": "user", "content": "hi"}], max_tokens=2)
-        a = p._core.agents["a"]
+        a = p.engine()._core.agents["a"]
         with residence.pinned(a):
             for op in (lambda: p.park("a"), lambda: p.forget("a"), lambda: p.handoff("a", "b")):
                 with pytest.raises(AgentBusyError, match="'a' is pinned") as got:

@@ -65,7 +65,7 @@ def fuzz_server(tiny_qwen2_path: Path, tmp_path_factory: pytest.TempPathFactory)
     cmd = [sys.executable, "-m", "agentmem.cli", "serve", "--model", str(tiny_qwen2_path), "--port", str(port),
            "--threads", "1", "--n-ctx", "2048", "--resident", "2", "--model-name", "tiny", "--keys-file", str(keys),
            "--archive", str(tmp / "agents.db"), "--anonymous", "per-key", "--max-tokens-limit", "8",
-           "--default-max-tokens", "4", "--max-prompt-tokens", "600", "--max-body-bytes", "65536",
+           "--default-max-tokens", "4", "--max-prompt-tokens", "600", "--max-body-bytes", "65536", "--api-docs", "--end-users",
            "--log-level", "error"]
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -137,6 +137,12 @@ HOSTILE_SCHEMAS = [{"type": "string", "maxLength": 100000}, {"type": "array", "m
                    {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}},
                    {"enum": ["x<|im_end|>", "\ud800"]}, {"type": ["string", "integer", "null"], "maxLength": 1 << 40}]
 HOSTILE_VALUES = [True, False, None, -1, 0, 1 << 63, 1e308, float("nan"), "yes", [], {}, [[[[[]]]]]]
+HOSTILE_HEADERS = {  # #33: the end-user scope and idempotent retries read these on every working route
+    "X-End-User": [b"\xff\xfe", b"u" * 300, "caf\u00e9/\u202e".encode(), b"", b"team-b/x", b"@u/../conv-1"],
+    "Idempotency-Key": [b"k" * 300, b"\xff", b"same-key", b""],
+    "X-Request-Id": [b"r" * 257, b"same-key"],
+    "X-Agent-Id": [b"\xc3\x28", b"team-a/@u/x/conv-0123456789abcdef"],
+}
 
 
 def _splice(body: Any, rnd: Any) -> Any:
@@ -185,7 +191,7 @@ def _hostile(pair: tuple[Any, Any]) -> Any:
     case, rnd = pair
     if case.body is not None and not isinstance(case.body, (bytes, str)):
         case.body = _splice(case.body, rnd)
-    return case
+    return case, {k: rnd.choice(v) for k, v in HOSTILE_HEADERS.items() if rnd.random() < 0.5}
 
 
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
@@ -202,7 +208,8 @@ def test_no_request_crashes_the_server_or_gets_a_5xx(api_schema: Any, fuzz_serve
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
               database=None)
     def one(case: Any) -> None:
-        headers = {**(case.headers or {}), "Authorization": f"Bearer {KEY_A}"}
+        case, hostile = case if isinstance(case, tuple) else (case, {})  # hostile headers ride with hostile cases
+        headers = {**(case.headers or {}), **hostile, "Authorization": f"Bearer {KEY_A}"}
         try:
             response = _send(case, fuzz_server.base_url, headers)
         except Exception as exc:  # a connection the server dropped: it may have died

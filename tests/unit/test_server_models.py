@@ -115,7 +115,8 @@ def test_conversation_lines_stay_per_model(server: Any) -> None:
 
 
 def test_same_tokenizer_models_derive_line_ids_apart(tiny_model_path: Path, tmp_path: Path) -> None:
-    """Two names for one GGUF derive the same line id for one prompt: the second model's is scoped by its name."""
+    """Two names for one GGUF: one prompt's lines on each are two agents (ids are random since #33 M2; one a
+    model already holds would be derived again under `{model}/`)."""
     copy = tmp_path / "copy.gguf"
     shutil.copy(tiny_model_path, copy)
     team = _team({"one": tiny_model_path, "two": copy}, tmp_path / "arc")
@@ -123,7 +124,7 @@ def test_same_tokenizer_models_derive_line_ids_apart(tiny_model_path: Path, tmp_
         a = _chat(srv, {"model": "one", "messages": HI}).json()["agentmem"]["agent_id"]
         b = _chat(srv, {"model": "two", "messages": HI}).json()["agentmem"]["agent_id"]
     team.close()
-    assert a.startswith("conv-") and b == f"two/{a}", (a, b)
+    assert a.startswith("conv-") and b.split("/")[-1].startswith("conv-") and a != b, (a, b)
 
 
 def test_per_key_anonymous_agents_are_one_per_model() -> None:
@@ -156,7 +157,9 @@ def test_a_running_call_keeps_its_model_loaded_until_it_ends(tiny_model_path: Pa
 
     async def scenario() -> None:
         target = await eng.seat("long", "llama")
-        lease = await eng.admit_call(who, target)
+        lease = eng.admit(who)  # what `bodies.json_body` and `serving.find_agent` do
+        lease.then(target.release)
+        await eng.admit_call(lease, target)
         call = await eng.prepare_chat(target, ChatCompletionRequest.model_validate({"messages": HI}))
         events = eng.run(call, target)
         assert (await anext(events))[0] == "text" and team.tier.slots["llama"].uses == 1
