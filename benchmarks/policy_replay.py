@@ -7,10 +7,10 @@ the working set (the f16 bytes of every agent's final state):
   conversations, ~600 tokens of notes and a tool round trip each, then 3 rounds of one
   more user turn, round-robin, back to back), token counts from the bundled model's
   tokenizer; 2 live sequences, as that benchmark runs.
-* `agents` — a many-agent synthetic trace: 4 foreground agents called steadily, 16
+* `agents` — a many-agent synthetic trace (`--seeds` seeds, 3 by default): 4 foreground agents called steadily, 16
   normal agents in bursts (3-8 calls a few seconds apart, then minutes of silence), 20
   background agents that wake rarely; arrivals at fixed times (open loop); 4 sequences.
-* `workflow` — hint-driven teams: 6 teams of a supervisor and 3 workers; the
+* `workflow` — hint-driven teams (`--seeds` seeds): 6 teams of a supervisor and 3 workers; the
   supervisor routes to a worker, the worker calls a tool (its reply is a call: the pool
   holds it) and runs again when the tool returns, then the supervisor; the framework
   tells the pool the expected order (`expect`) per team; 4 sequences.
@@ -246,6 +246,20 @@ def fmt(name: str, r: dict[str, Any], md: bool) -> str:
     return head + "\n\n" + (md_table if md else table)(headers, body)
 
 
+def compact(results: dict[str, Any]) -> str:
+    """One markdown row per trace and budget: each policy's hit rate, prefilled tokens (x cost+hints) and p50/p95 TTFT."""
+    pols = ["cost+hints", "lru+hints", "lfu+hints", "lru", "oldest (llama-server)"]
+    headers = ["trace", "budget", *pols]
+    rows = []
+    for name, r in results.items():
+        for frac, res in r["budgets"].items():
+            base = res["cost+hints"]["prefilled_tokens"] or 1
+            rows.append([name, f"{float(frac):.0%}", *(
+                f"{o['hit_rate']:.0%} · {o['prefilled_tokens'] / base:.2f}x · "
+                f"{o['ttft_p50_s']:.1f}/{o['ttft_p95_s']:.0f} s" for o in (res[p] for p in pols))])
+    return md_table(headers, rows)
+
+
 def winner(results: dict[str, Any]) -> tuple[str, dict[str, float]]:
     """The placement policy (each with hints, as the pool runs by default) that re-prefills least.
 
@@ -277,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="open-loop traces are stretched to keep the server at most this busy")
     ap.add_argument("--max-tokens", type=int, default=4096,
                     help="live tokens an agent keeps at most (the pool's eviction trims it)")
-    ap.add_argument("--md", action="store_true", help="markdown tables (for docs/tiers.md)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of each synthetic trace (--quick: 1)")
+    ap.add_argument("--md", action="store_true", help="also a compact markdown table (for docs/tiers.md)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -291,16 +306,21 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {c:10s} park {1e3 * costs.park_s_per_mb[c]:.2f} ms/MiB, restore {1e3 * costs.restore_s_per_mb[c]:.2f}"
             f" ms/MiB, size {costs.ratio[c]:.3f} of f16")
     q = args.quick
-    traces = {
-        "replay": (replay_trace(path, 8 if q else 24, 300 if q else 600, 1 if q else 3, 12), 2),
-        "agents": (agents_trace(2 if q else 4, 8 if q else 16, 10 if q else 20, 300.0 if q else 600.0, 3), 4),
-        "workflow": (workflow_trace(3 if q else 6, 4 if q else 8, 5), 4),
-    }
+    if q:
+        args.seeds = 1
+    traces = {"replay": (replay_trace(path, 8 if q else 24, 300 if q else 600, 1 if q else 3, 12), 2)}
+    for seed in range(args.seeds):
+        traces[f"agents/{seed}"] = (agents_trace(2 if q else 4, 8 if q else 16, 10 if q else 20,
+                                                 300.0 if q else 600.0, 3 + seed), 4)
+        traces[f"workflow/{seed}"] = (workflow_trace(3 if q else 6, 4 if q else 8, 5 + seed), 4)
     results = {k: run_trace(k, t, costs, n, args.utilization, args.max_tokens) for k, (t, n) in traces.items()}
     say("\nSIMULATED: tiers, budgets and time (cost model above); REAL: agentmem's placement objects, predictor, hints."
         "\nhit rate = cached / prompt tokens; TTFT modelled (queue + park + restore + prefill), one call at a time.\n")
     for k, r in results.items():
-        say(fmt(k, r, args.md) + "\n")
+        say(fmt(k, r, False) + "\n")
+    if args.md:
+        say("Each cell: hit rate · prefilled tokens (x cost+hints) · p50/p95 TTFT (modelled)\n")
+        say(compact(results) + "\n")
     best, score = winner(results)
     say("prefilled tokens over the fewest in the cell, mean over traces at the 25 % and 50 % budgets, with hints: "
         + ", ".join(f"{k} {v:.3f}" for k, v in sorted(score.items(), key=lambda kv: kv[1])))
