@@ -247,7 +247,7 @@ def fmt(name: str, r: dict[str, Any], md: bool) -> str:
 
 
 def compact(results: dict[str, Any]) -> str:
-    """One markdown row per trace and budget: each policy's hit rate, prefilled tokens (x cost+hints) and p50/p95 TTFT."""
+    """A markdown row per trace and budget: each policy's hit rate, prefilled tokens (x cost+hints), p50/p95 TTFT."""
     pols = ["cost+hints", "lru+hints", "lfu+hints", "lru", "oldest (llama-server)"]
     headers = ["trace", "budget", *pols]
     rows = []

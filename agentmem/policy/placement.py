@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 from agentmem.errors import PolicyError
 
-__all__ = ["POLICIES", "PRIORITIES", "AgentInfo", "CostPolicy", "LFUPolicy", "LRUPolicy", "PlacementPolicy", "get_policy"]
+__all__ = [
+    "POLICIES", "PRIORITIES", "AgentInfo", "CostPolicy", "LFUPolicy", "LRUPolicy", "PlacementPolicy", "get_policy",
+]
 
 #: priority names -> weight (an int priority is used as is)
 PRIORITIES: dict[str, int] = {"background": 0, "normal": 1, "foreground": 3}

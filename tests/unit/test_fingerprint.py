@@ -162,7 +162,7 @@ def test_llama_kv_rotation_mismatch_is_refused(tiny_hd64_path: Path, tmp_path: P
 
 
 def test_park_rotate_change_converts_exactly(tiny_hd64_path: Path, tmp_path: Path) -> None:
-    """agentmem's codec rotation travels with the stored state: a restart with the other setting decodes it as written."""
+    """agentmem's codec rotation travels with the stored state: a restart with the other setting decodes it exactly."""
     lossy = dict(cold_codec="q4_0")
     store(tiny_hd64_path, tmp_path / "a.db", park_rotate=True, **lossy)
     shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
