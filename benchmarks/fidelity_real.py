@@ -27,14 +27,14 @@ the model's tool format, same name and arguments. The `f16` row round-trips
 byte-identical states: what it shows is the restore's cell layout alone (Gemma's
 sliding-window layers are packed at the start of the cache on restore) — the floor the
 quantized codecs are read against. The archive's codec is `PoolConfig.cold_codec`
-(`q8_0/q4_0`, the same as K8V4 here; `park_rotate` off); the `+rot` rows are the 4-bit
-codecs with Hadamard rotation.
+(`q8_0/q4_0`, the same as K8V4 here; `park_rotate` off); `--codecs` adds the 4-bit
+codecs with Hadamard rotation (`q8_0/q4_0+rot`, `q4_0+rot`).
 
 No public tool-conversation set from PyPI is used: none small enough was found and
 installed in the time this benchmark was written (say so in the results).
 
-Run: `python benchmarks/fidelity_real.py` (1k, 4k, 8k; 3 conversations) or `--quick`
-(1k and 4k, 2 conversations, 32-token replies); `--out FILE` writes JSON. Prints
+Run: `python benchmarks/fidelity_real.py` (1k, 4k, 8k; 3 conversations each) or
+`--quick` (1k: 2 conversations, 4k: 1; 24-token replies); `--out FILE` writes JSON. Prints
 `uptime` at the start and the end.
 """
 
@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agentmem.codec import CodecSpec  # noqa: E402
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 from agentmem.engine.renderer import ChatRenderer  # noqa: E402
 from agentmem.model import resolve_model_path  # noqa: E402
@@ -63,7 +64,9 @@ from benchmarks.replay import TOOLS, conversations  # noqa: E402
 
 logger = logging.getLogger("fidelity_real")
 MODELS = ("gemma-3-270m", "qwen2.5-coder-0.5b-instruct")
-CODECS = ["f16", "q8_0", "q8_0/q4_0", "q4_0", "q8_0/q4_0+rot", "q4_0+rot"]
+#: the codecs of a run (`--codecs`); `q8_0/q4_0` is also the archive's (`PoolConfig.cold_codec`)
+CODECS = ["f16", "q8_0", "q8_0/q4_0", "q4_0"]
+ALL_CODECS = [*CODECS, "q8_0/q4_0+rot", "q4_0+rot"]
 NAMES = [t["function"]["name"] for t in TOOLS]
 #: the rule of docs/fidelity.md: a codec is not a default at a context length where its mean KL
 #: per reply token exceeds this (nats), or where it matches fewer tool calls than the f16 row
@@ -283,12 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--reply-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="1k and 4k, 2 conversations, 32-token replies")
+    ap.add_argument("--codecs", default=",".join(CODECS), help="comma-separated codecs; known: " + ", ".join(ALL_CODECS))
+    ap.add_argument("--quick", action="store_true",
+                    help="1k (2 conversations) and 4k (1 conversation), 24-token replies")
     ap.add_argument("--md", action="store_true", help="a markdown table (for docs/fidelity.md)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    CODECS[:] = ["f16", *[c.strip() for c in args.codecs.split(",") if c.strip() and c.strip() != "f16"]]
+    for c in CODECS:
+        CodecSpec.parse(c)  # a clear error for a bad spec before loading anything
+    per_length = {}
     if args.quick:
-        args.lengths, args.conversations, args.reply_tokens = "1000,4000", 2, 32
+        args.lengths, args.reply_tokens = "1000,4000", 24
+        per_length = {1000: 2, 4000: 1}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     start = uptime()
@@ -299,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         with LlamaModel(path) as model:
             renderer = ChatRenderer(model)
             for length in lengths:
-                r = run_length(model, renderer, length, args.conversations, args.reply_tokens, args.threads, path.stem)
+                r = run_length(model, renderer, length, per_length.get(length, args.conversations), args.reply_tokens,
+                               args.threads, path.stem)
                 runs.setdefault(path.stem, {})[str(length)] = r
                 say(f"{path.stem} ~{length} tokens done in {r['seconds']:.0f}s\n"
                     + fmt({path.stem: {str(length): r}}, args.md))
