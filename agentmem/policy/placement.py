@@ -6,6 +6,7 @@ state gets in a tier. The pool applies byte budgets with high/low watermarks
 (hysteresis), so states do not ping-pong between tiers.
 
 * ``lru``  — demote the least recently used; codecs as configured.
+* ``lfu``  — demote the least frequently used (ties: the least recent); codecs as configured.
 * ``cost`` — the default: keep value per byte from priority, predicted next use,
   use frequency and recency; background agents get compressed codecs.
 
@@ -14,7 +15,7 @@ state gets in a tier. The pool applies byte budgets with high/low watermarks
 >>> get_policy("fifo")
 Traceback (most recent call last):
 ...
-agentmem.errors.PolicyError: unknown placement policy 'fifo'; valid: cost, lru
+agentmem.errors.PolicyError: unknown placement policy 'fifo'; valid: cost, lfu, lru
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 from agentmem.errors import PolicyError
 from agentmem.memory.tiers import WARM
 
-__all__ = ["POLICIES", "PRIORITIES", "AgentInfo", "CostPolicy", "LRUPolicy", "PlacementPolicy", "get_policy"]
+__all__ = [
+    "POLICIES", "PRIORITIES", "AgentInfo", "CostPolicy", "LFUPolicy", "LRUPolicy", "PlacementPolicy", "get_policy",
+]
 
 #: priority names -> weight (an int priority is used as is)
 PRIORITIES: dict[str, int] = {"background": 0, "normal": 1, "foreground": 3}
@@ -114,6 +117,22 @@ class LRUPolicy(PlacementPolicy):
         return -agent.idle_s
 
 
+class LFUPolicy(PlacementPolicy):
+    """Least frequently used goes first; among equals, the least recently used.
+
+    >>> p = LFUPolicy()
+    >>> a = [AgentInfo(x, "warm", 0, 0, 1, idle, uses, math.inf) for x, idle, uses in
+    ...      [("a", 1.0, 5), ("b", 9.0, 2), ("c", 1.0, 2)]]
+    >>> [x.id for x in p.demotion_order(a)]
+    ['b', 'c', 'a']
+    """
+
+    name = "lfu"
+
+    def keep_score(self, agent: AgentInfo) -> float:
+        return agent.uses + 1.0 / (2.0 + agent.idle_s)  # the fraction (< 1) only breaks ties
+
+
 class CostPolicy(PlacementPolicy):
     """Value per byte: priority × chance of use soon, over the bytes it holds.
 
@@ -145,7 +164,7 @@ class CostPolicy(PlacementPolicy):
         return self.cold_codec
 
 
-POLICIES: dict[str, type[PlacementPolicy]] = {"lru": LRUPolicy, "cost": CostPolicy}
+POLICIES: dict[str, type[PlacementPolicy]] = {"lru": LRUPolicy, "lfu": LFUPolicy, "cost": CostPolicy}
 
 
 def get_policy(name: str, **params: object) -> PlacementPolicy:

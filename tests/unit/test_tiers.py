@@ -50,7 +50,7 @@ def test_lru_demotes_least_recent_and_cost_prefers_background():
 
 
 def test_policy_errors_list_valid_names():
-    with pytest.raises(PolicyError, match="valid: cost, lru"):
+    with pytest.raises(PolicyError, match="valid: cost, lfu, lru"):
         get_policy("mru")
     with pytest.raises(PolicyError, match="background"):
         priority_weight("urgent")
