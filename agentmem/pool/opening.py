@@ -8,6 +8,8 @@ then builds the native handles and the stores, and frees what it built when a la
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -125,7 +127,25 @@ def _fingerprint(model_path: Path, cfg: PoolConfig, *, unified: bool) -> dict[st
         "n_seq_max": cfg.resident_agents,
         "kv_unified": unified,
         "llama": llama_build_info(),
+        **_kv_rotation(cfg),
     }
+
+
+_UNROTATED_KV = frozenset({"f16", "f32", "bf16"})
+
+
+def _kv_rotation(cfg: PoolConfig) -> dict[str, str]:
+    """llama.cpp's own KV rotation, where it changes the stored bytes (issue #35).
+
+    llama.cpp 0.3.36 Hadamard-rotates a *quantized* K/V cache (head dim >= 64) unless
+    `LLAMA_ATTN_ROT_DISABLE` is set when the context is created; a state written one way and
+    read the other restores silently wrong. Recorded only for quantized caches, so f16
+    archives keep their fingerprint; the raw value is kept (any difference is refused).
+    """
+    if cfg.type_k in _UNROTATED_KV and cfg.type_v in _UNROTATED_KV:
+        return {}
+    value = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    return {"kv_rot": "default" if value is None else f"LLAMA_ATTN_ROT_DISABLE={value}"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ def test_serve_flag_reaches_the_pool_config(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_fingerprint_names_backend_and_kv_types(tiny_model_path: Path) -> None:
     with MemoryPool(tiny_model_path, type_k="f32", n_gpu_layers=0, **OPTS) as p:
-        fp = p.fingerprint
+        fp = p.engine().fingerprint
     assert fp["backend"] == "CPU" and fp["type_k"] == "f32" and fp["type_v"] == "f16"
     assert backend_name(0) == "CPU"
 
@@ -79,11 +79,11 @@ def test_a_state_from_another_backend_restores_exactly(tiny_model_path: Path, tm
     with MemoryPool(tiny_model_path, archive_path=db, cold_codec="f16", n_gpu_layers=-1, **OPTS) as p:
         p.chat("a", conv("tell me about cats"), max_tokens=6)
         p.park("a", "cold")
-        made = dict(p.fingerprint)
+        made = dict(p.engine().fingerprint)
     monkeypatch.undo()
     assert made["backend"] not in ("CPU", None)
     with MemoryPool(tiny_model_path, archive_path=db, cold_codec="f16", n_gpu_layers=0, **OPTS) as p:
-        assert p.fingerprint["backend"] == "CPU"
+        assert p.engine().fingerprint["backend"] == "CPU"
         r = p.chat("a", follow, max_tokens=6)
         assert r.kv == "restored" and r.usage.cached_tokens > 0
     if not gpu:  # the same arithmetic made the state: the continuation is the never-saved one's
@@ -109,7 +109,7 @@ def test_the_gpu_lane_offloads_every_layer(request: pytest.FixtureRequest, tiny_
         pytest.skip("the GPU lane is off (pytest -m gpu, or AGENTMEM_TEST_GPU=1)")
     assert PoolConfig().n_gpu_layers == -1
     with MemoryPool(tiny_model_path, **OPTS) as p:
-        backend = p.fingerprint["backend"]
+        backend = p.engine().fingerprint["backend"]
         r = p.chat("a", conv("hello"), max_tokens=4)
     assert r.usage.completion_tokens > 0
     assert backend == ("+".join(gpu_backends()) if llama_cpp.llama_supports_gpu_offload() else "CPU")
