@@ -39,7 +39,7 @@ from agentmem.engine.chat_format import (
     markup_part,
 )
 from agentmem.engine.jinja_locality import is_local
-from agentmem.engine.jinja_tail import End, JinjaState, common_prefix as _common_prefix, render_from
+from agentmem.engine.jinja_tail import End, JinjaState, PrefixEnd, common_prefix as _common_prefix, render_from
 from agentmem.engine.jinja_text import (
     Markers,
     drop_controls,
@@ -294,22 +294,23 @@ class JinjaFormat(ChatFormat):
             spans = []
         elif controls is not None:  # content holding control strings: the next call renders it all again
             unsplit = any(controls(m.content) for m in messages) or bool(tool_controls(self._tools.get(), controls))
-        return self.finish(messages, calls, cont, full, spans, marks, bos, eos, None, unsplit=unsplit, bare=bare)
+        done = self.finish(messages, calls, cont, full, spans, marks, bos, eos, None, unsplit=unsplit, bare=bare)
+        assert done is not None  # without `part` every region end is found
+        return done
 
     def finish(
         self, messages: Sequence[Message], calls: Mapping[int, bool] | Sequence[bool], cont: bool, full: str,
         spans: list[tuple[int, int, int]], marks: Markers, bos: str, eos: str, base: JinjaState | None, *,
-        unsplit: bool = False, bare: bool = False,
-    ) -> TailRender:
-        """Segments of `full` from message `base.n - 1` on (0 without `base`, whose state covers the ones before).
+        start: int = 0, unsplit: bool = False, bare: bool = False, part: PrefixEnd | None = None,
+    ) -> TailRender | None:
+        """Segments of `full` from message `start` on (`base`'s state covers the ones before).
 
         `messages` as the template got them (`_prepared`), `calls[k]`: message `k` holds tool calls (read
-        from `start` on),
-        `cont`: the last message is continued, `spans`: the content spans of `full`, `bare`: empty
-        contents were left without markers (`_locate`; a render from `base` keeps its choice).
+        from `start` on), `cont`: the last message is continued, `spans`: the content spans of `full`,
+        `bare`: empty contents were left without markers (`_locate`; a render from `base` keeps its
+        choice), `part`: where an unlocated message's region ends (`_ends`). None when `part` could not say.
         """
         n = len(messages)
-        start = base.n - 1 if base is not None else 0
         prev = base.prevs[start - 1] if start else 0
         i = i0 = base.kept_spans(prev) if base is not None else 0  # spans before `prev`: the kept messages'
         if cont:  # cut everything the template adds after the final assistant content
@@ -320,7 +321,9 @@ class JinjaFormat(ChatFormat):
                 tail = messages[-1].content
                 j = full.rfind(tail) if tail else -1
                 full = full[: j + len(tail)] if j != -1 else full
-        ends = self._ends(messages, bos, eos, full, spans, marks, start, i)
+        ends = self._ends(messages, bos, eos, full, spans, marks, start, i, part)
+        if ends is None:
+            return None
         segs: list[Segment] = []
         prevs = list(base.prevs[:start]) if base is not None else []
         for k in range(start, n):
@@ -336,7 +339,7 @@ class JinjaFormat(ChatFormat):
             parts, i = _split_parts(full, prev, len(full), spans, i)
             segs.append(Segment(parts, "assistant", -1))
         spans = [*spans[:i0], *((a, b, k if k < n else -2) for a, b, k in spans[i0:])]  # kept ones renumbered before
-        state = JinjaState.extended(base, full, spans, ends, prevs, unsplit, base.bare if base is not None else bare)
+        state = JinjaState.extended(base, start, full, spans, ends, prevs, unsplit, base.bare if base is not None else bare)
         return TailRender(start, segs, state)
 
     # ---- regions: where each message's part of the render ends
@@ -350,7 +353,8 @@ class JinjaFormat(ChatFormat):
         marks: Markers,
         start: int = 0,
         first_span: int = 0,
-    ) -> list[End]:
+        part: PrefixEnd | None = None,
+    ) -> list[End] | None:
         """Where each message's region ends in `full` (messages `start` on), in linear time.
 
         A message's region ends where the render of the conversation up to it (no
@@ -361,8 +365,9 @@ class JinjaFormat(ChatFormat):
         after the one before it, for templates that insist on alternation), so each
         message costs one small render instead of a render of the whole prefix. A
         message without located content (a template that drops it, or rewrites
-        content) falls back to rendering the prefix. Each `End` also says which
-        characters of `full` the answer read (`agentmem.engine.jinja_tail`).
+        content) falls back to rendering the prefix (or to `part`, which answers from a
+        window; None when it cannot). Each `End` also says which characters of `full` the
+        answer read (`agentmem.engine.jinja_tail`).
         """
         close = {k: s1 for _, s1, k in spans[first_span:]}
         ends: list[End] = []
@@ -373,12 +378,18 @@ class JinjaFormat(ChatFormat):
                 e = _common_prefix(tail, full[c : c + len(tail)])
                 ends.append((c + e, c, tail, c + min(len(tail), e + 1)))
                 continue
+            if part is not None:
+                found = part(k)
+                if found is None:
+                    return None
+                ends.append((found[0], -1, None, found[1]))
+                continue
             try:
-                part = self._render(messages[: k + 1], False, bos, eos)
+                text = self._render(messages[: k + 1], False, bos, eos)
             except MessageError:
-                part = ""  # e.g. a template that insists on alternation for prefixes
-            e = _common_prefix(part, full)
-            ends.append((e, -1, None, min(len(part), e + 1)))
+                text = ""  # e.g. a template that insists on alternation for prefixes
+            e = _common_prefix(text, full)
+            ends.append((e, -1, None, min(len(text), e + 1)))
         return ends
 
     def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: Markers) -> str | None:

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agentmem.engine.chat_format import Controls, Message, TailRender, continues_turn
 from agentmem.engine.jinja_text import Markers, refuse_controls_outside_content, tool_controls
+from agentmem.errors import MessageError
 
 if TYPE_CHECKING:
     from agentmem.engine.jinja_format import JinjaFormat
 
-__all__ = ["End", "JinjaState", "common_prefix", "render_from"]
+__all__ = ["End", "JinjaState", "PrefixEnd", "common_prefix", "render_from"]
 
 End = tuple[int, int, "str | None", int]
 """Where a message's region ends: `(end, content_end, tail, horizon)`; `content_end` -1 and `tail`
@@ -78,11 +79,10 @@ class JinjaState:
 
     @staticmethod
     def extended(
-        base: JinjaState | None, text: str, spans: list[tuple[int, int, int]], ends: list[End], prevs: list[int],
-        unsplit: bool, bare: bool,
+        base: JinjaState | None, start: int, text: str, spans: list[tuple[int, int, int]], ends: list[End],
+        prevs: list[int], unsplit: bool, bare: bool,
     ) -> JinjaState:
-        """The state of a render that kept `base`'s messages but the last, and computed `ends` from there."""
-        start = base.n - 1 if base is not None else 0
+        """The state of a render that kept `base`'s messages before `start` and computed `ends` from there."""
         horizon = list(base.horizon[:start]) if base is not None else []
         h = horizon[-1] if horizon else 0
         for e in ends:
@@ -92,17 +92,28 @@ class JinjaState:
         return JinjaState(text, tuple(spans), (*kept_ends, *ends), tuple(prevs), tuple(horizon), unsplit, bare)
 
 
+PrefixEnd = Callable[[int], "tuple[int, int] | None"]
+"""Where message `k`'s region ends and the horizon of that answer, for a message whose content was
+not located (from a render of its prefix); None when it cannot be said."""
+
+_LOOKBACK = 8  # messages before the last kept one a render from the kept one may start at
+
+
 def render_from(
     fmt: JinjaFormat, messages: Sequence[Message], kept: int, state: Any, bos: str, eos: str, controls: Controls | None,
 ) -> TailRender | None:
-    """Segments from message `kept - 1` on, after the checks of the module docstring; None: render whole.
+    """Segments from (about) message `kept - 1` on, after the checks of the module docstring; None: render whole.
 
-    Runs inside `JinjaFormat.render_tail` (its deadline and tools set).
+    It starts at the last kept message, or earlier when the message before that has no located
+    content (its end came from a prefix render, which check 3 cannot repeat). Runs inside
+    `JinjaFormat.render_tail` (its deadline and tools set).
     """
     n = len(messages)
     if not isinstance(state, JinjaState) or state.unsplit or kept < 2 or state.n != kept or kept > n:
         return None
     start = kept - 1
+    while start > 1 and state.ends[start - 1][2] is None and kept - start < _LOOKBACK:
+        start -= 1
     at, anchor, tail, _ = state.ends[start - 1]
     p = state.prevs[start - 1]
     if tail is None or (start >= 2 and state.horizon[start - 2] > p):
@@ -122,16 +133,16 @@ def render_from(
         got = _from_whole(fmt, messages, start, state, bos, eos, cont, shown)
         if got is None:
             return None
-    full, found, prepared, marks = got
+    full, found, prepared, marks, part = got
     if anchor + common_prefix(tail, full[anchor : anchor + len(tail)]) != at:
-        return None  # the last kept message but one ends elsewhere now
+        return None  # the last kept message before `start` ends elsewhere now
     spans = [*state.spans[:i], *found]
-    return fmt.finish(prepared, calls, cont, full, spans, marks, bos, eos, state)
+    return fmt.finish(prepared, calls, cont, full, spans, marks, bos, eos, state, start=start, part=part)
 
 
-Found = tuple[str, list[tuple[int, int, int]], list[Message], Markers]
+Found = tuple[str, list[tuple[int, int, int]], list[Message], Markers, "PrefixEnd | None"]
 """The new conversation's text, its content spans from message `start` on, the messages as the template
-got them, and the markers that located the spans."""
+got them, the markers that located the spans, and how an unlocated message's region end is found."""
 
 
 def _from_whole(
@@ -152,7 +163,7 @@ def _from_whole(
     found = marks.strip(fmt._render(prepared, not cont, bos, eos, wrapped))
     if found is None or found[0] != full or any(s0 < p for s0, _, _ in found[1]):
         return None
-    return full, found[1], prepared, marks
+    return full, found[1], prepared, marks, None
 
 
 def _from_window(
@@ -161,21 +172,22 @@ def _from_window(
 ) -> Found | None:
     """Checks 1 and 4 on two renders of a window, for a local template (`agentmem.engine.jinja_locality`).
 
-    The window is the first message and the messages from an odd index `j` (two or three before
-    `start`) on. A local template writes the same text for the messages after `j` there as in
-    the whole conversation; the window's text must start with the kept text up to the end of
-    the first message's content (the template's head), and hold the kept text of messages
-    `j + 1 .. start - 1` right after message `j`'s region (found as `JinjaFormat._ends` finds
-    it). The whole text is then the kept text up to `P` and the window's text after those
-    messages. Every new message's content must be located (a region found by rendering a
-    prefix would need the whole conversation).
+    The window is the first message and the messages from an odd index `j` (a few before `start`)
+    on. A local template writes the same text for the messages after `j` there as in the whole
+    conversation; the window's text must start with the kept text up to the end of the first
+    message's content (the template's head), and hold the kept text of messages `j + 1 .. start - 1`
+    right after message `j`'s region (found as `JinjaFormat._ends` finds it). The whole text is
+    then the kept text up to `P` and the window's text after those messages; a new message whose
+    content is not located ends where a render of the window up to it stops agreeing.
     """
     n = len(messages)
     j = start - 2 if start % 2 else start - 3
-    end_j, _, tail_j, _ = state.ends[j]
+    while j >= 1 and (state.ends[j][2] is None or state.ends[j][0] != state.prevs[j]):
+        j -= 2
     head = state.ends[0][1]
-    if j < 1 or tail_j is None or end_j != state.prevs[j] or head < 0:
+    if j < 1 or start - j > _LOOKBACK or head < 0:
         return None
+    end_j = state.ends[j][0]
     prepared = list(messages)
     for k in (0, *range(j - 1, n)):
         prepared[k] = fmt._prepared([messages[k]])[0]
@@ -203,10 +215,19 @@ def _from_window(
         return None
     cut = e + len(between)
     d = p - cut
-    spans = [(s0 + d, s1 + d, k) for s0, s1, k in found[1] if k >= start]
-    if any(s0 < cut for s0, _, k in found[1] if k >= start) or len({k for *_, k in spans}) != n - start:
+    if any(s0 < cut for s0, _, k in found[1] if k >= start):
         return None
-    return state.text[:p] + text[cut:], spans, prepared, marks
+    spans = [(s0 + d, s1 + d, k) for s0, s1, k in found[1] if k >= start]
+
+    def part(k: int) -> tuple[int, int] | None:
+        try:
+            upto = fmt._render([window[0], *prepared[j : k + 1]], False, bos, eos)
+        except MessageError:
+            return None
+        at = common_prefix(upto, text)
+        return None if at < cut else (at + d, min(len(upto), at + 1) + d)
+
+    return state.text[:p] + text[cut:], spans, prepared, marks, part
 
 
 def common_prefix(a: str, b: str) -> int:
