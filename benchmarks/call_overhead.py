@@ -12,8 +12,9 @@ the KV. Two ways of calling:
 
 For each call it counts the chat template's renders (`SandboxedTemplate.render`), the
 tokenizer calls (`tokenize` + `tokenize_pieces`) and measures the wall time, and the
-host time (the wall time less the prefill and decode that `ChatResult.timings`
-reports). Two templates: the tiny model's ChatML jinja template (`chatml`) and
+host time: the CPU time of the calling thread less the CPU time spent in `llama_decode`
+(`LlamaContext._decode`, wrapped), so that other processes on a shared machine do not
+inflate it (medians over `--repeat` calls). Two templates: the tiny model's ChatML jinja template (`chatml`) and
 Qwen2.5's real template on the tiny `qwen2` model (`qwen2`).
 
 `--ref REF` measures git revision `REF` of this repository in the same run (a
@@ -63,6 +64,17 @@ class Counters:
 
     def __init__(self, pool: Any) -> None:
         self.n: dict[str, int] = {"renders": 0, "tokenize": 0}
+        self.decode_cpu = 0.0
+        decode = pool.ctx._decode
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return decode(*args, **kwargs)
+            finally:
+                self.decode_cpu += time.thread_time() - t0
+
+        pool.ctx._decode = timed
         fmt = pool.renderer.format
         tpl = getattr(fmt, "_tpl", None)
         if tpl is not None:
@@ -78,10 +90,11 @@ class Counters:
 
         return counted
 
-    def take(self) -> dict[str, int]:
-        out = dict(self.n)
+    def take(self) -> dict[str, float]:
+        out: dict[str, float] = {**self.n, "decode_cpu": self.decode_cpu}
         for k in self.n:
             self.n[k] = 0
+        self.decode_cpu = 0.0
         return out
 
 
@@ -121,12 +134,11 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
                     for r in range(repeat):
                         msgs = full[: first + 2 * (r + 1)]
                         counters.take()
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.thread_time()
                         res = one_call(pool, mode, agent, msgs)
-                        wall = time.perf_counter() - t0
+                        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                         c = counters.take()
-                        compute = res.timings.prefill_s + res.timings.decode_s
-                        samples.append((c["renders"], c["tokenize"], wall * 1e3, (wall - compute) * 1e3, len(msgs)))
+                        samples.append((c["renders"], c["tokenize"], wall * 1e3, (cpu - c["decode_cpu"]) * 1e3, len(msgs)))
                     rows.append({
                         "template": template, "mode": mode, "messages": n,
                         "renders": statistics.median(s[0] for s in samples),
@@ -185,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200, 400])
     ap.add_argument("--templates", nargs="+", default=["chatml", "qwen2"], choices=["chatml", "qwen2"])
-    ap.add_argument("--repeat", type=int, default=3, help="calls measured per size (medians)")
+    ap.add_argument("--repeat", type=int, default=5, help="calls measured per size (medians)")
     ap.add_argument("--quick", action="store_true", help="50 and 400 messages only")
     ap.add_argument("--ref", help="also measure this git revision (e.g. main) and print ratios")
     ap.add_argument("--json", type=Path, help="write the rows here")

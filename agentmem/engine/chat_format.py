@@ -36,6 +36,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from agentmem.errors import MessageError
 from agentmem.tools.formats import ToolFormat, get_tool_format
 from agentmem import validation as check
@@ -147,6 +149,13 @@ class RenderedPrompt:
 
     tokens: list[int]
     spans: list[Span] = field(default_factory=list)
+    #: the tokens as an int32 array (made from `tokens` unless given): lookups compare it without converting
+    ids: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.ids is None:
+            object.__setattr__(self, "ids", np.asarray(self.tokens, dtype=np.int32))
+        self.ids.flags.writeable = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -382,12 +391,3 @@ class ChatFormat(abc.ABC):
 def continues_turn(messages: Sequence[Message]) -> bool:
     """Whether the conversation ends with an assistant message the model continues (no tool calls)."""
     return messages[-1].role == "assistant" and not messages[-1].tool_calls
-
-
-def __getattr__(name: str) -> Any:
-    """`GemmaFormat`, `ChatMLFormat` and `FORMATS` live in `agentmem.engine.builtin_formats`; old imports keep working."""
-    if name in ("FORMATS", "GemmaFormat", "ChatMLFormat"):
-        from agentmem.engine import builtin_formats
-
-        return getattr(builtin_formats, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -116,7 +116,8 @@ class JinjaFormat(ChatFormat):
         self.keeps_names = self._probe_names()
         self.call_render_matches = self._probe_call_render(hash(template))
         self.volatile = "strftime_now" in template  # reads the clock: the same messages may render differently
-        self.local = is_local(jinja2.Environment(), template)  # renders from a window (`agentmem.engine.jinja_tail`)
+        # renders from a window (`agentmem.engine.jinja_tail`); never a template reading the clock (its date anywhere)
+        self.local = not self.volatile and is_local(jinja2.Environment(), template)
 
     @property
     def tool_format(self) -> ToolFormat:

@@ -17,27 +17,29 @@ of the whole new conversation:
    which must strip back to the same text.
 
 Then only the messages from the last kept one on are split into regions (one or two small
-renders each), and the renderer tokenizes only their segments. Any failed check, a kept
-render that held control strings in its contents or tools, or a template that rewrites
-content renders the conversation whole (`JinjaFormat._segments`): a template whose output
-for earlier messages changes is detected, never trusted. The cost left that grows with the
-history is the two whole renders of the template (`benchmarks/call_overhead.py`).
+renders each), and the renderer tokenizes only their segments. Checks 1 and 4 need the
+template's text of the new conversation: `_from_whole` renders it whole (twice: plain, then
+with markers), which costs time in proportion to the history; for a *local* template
+(`agentmem.engine.jinja_locality`: each message written from its neighbours, the first message
+and its position's parity) `_from_window` renders a window instead — the first message and the
+last few — and checks the window's text for the kept messages in it against the kept text, so
+a call costs the same at 50 messages and at 400. Any failed check, a kept render that held
+control strings in its contents or tools, or a template that rewrites content renders the
+conversation whole (`JinjaFormat._segments`): a template whose output for earlier messages
+changes is detected, never trusted.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from agentmem.engine.chat_format import Controls, Message, TailRender, continues_turn
 from agentmem.engine.jinja_text import Markers, refuse_controls_outside_content, tool_controls
 from agentmem.errors import MessageError
 
-if TYPE_CHECKING:
-    from agentmem.engine.jinja_format import JinjaFormat
-
-__all__ = ["End", "JinjaState", "PrefixEnd", "common_prefix", "render_from"]
+__all__ = ["End", "JinjaState", "PrefixEnd", "TailFormat", "common_prefix", "render_from"]
 
 End = tuple[int, int, "str | None", int]
 """Where a message's region ends: `(end, content_end, tail, horizon)`; `content_end` -1 and `tail`
@@ -96,11 +98,29 @@ PrefixEnd = Callable[[int], "tuple[int, int] | None"]
 """Where message `k`'s region ends and the horizon of that answer, for a message whose content was
 not located (from a render of its prefix); None when it cannot be said."""
 
+class TailFormat(Protocol):
+    """What a render from a kept one needs of `agentmem.engine.jinja_format.JinjaFormat`."""
+
+    local: bool
+    _tools: Any  # the tools shown to this render (a context variable)
+
+    def _prepared(self, messages: Sequence[Message]) -> list[Message]: ...
+
+    def _render(self, msgs: Sequence[Message], gen: bool, bos: str, eos: str,
+                contents: Sequence[str] | None = None) -> str: ...
+
+    def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: Markers) -> str | None: ...
+
+    def finish(self, messages: Sequence[Message], calls: Any, cont: bool, full: str, spans: list[tuple[int, int, int]],
+               marks: Markers, bos: str, eos: str, base: JinjaState | None, *, start: int = 0,
+               part: PrefixEnd | None = None) -> TailRender | None: ...
+
+
 _LOOKBACK = 8  # messages before the last kept one a render from the kept one may start at
 
 
 def render_from(
-    fmt: JinjaFormat, messages: Sequence[Message], kept: int, state: Any, bos: str, eos: str, controls: Controls | None,
+    fmt: TailFormat, messages: Sequence[Message], kept: int, state: Any, bos: str, eos: str, controls: Controls | None,
 ) -> TailRender | None:
     """Segments from (about) message `kept - 1` on, after the checks of the module docstring; None: render whole.
 
@@ -146,7 +166,7 @@ got them, the markers that located the spans, and how an unlocated message's reg
 
 
 def _from_whole(
-    fmt: JinjaFormat, messages: Sequence[Message], start: int, state: JinjaState, bos: str, eos: str, cont: bool,
+    fmt: TailFormat, messages: Sequence[Message], start: int, state: JinjaState, bos: str, eos: str, cont: bool,
     shown: Any,
 ) -> Found | None:
     """Checks 1 and 4 on two renders of the whole conversation (plain, then markers on the new contents)."""
@@ -167,7 +187,7 @@ def _from_whole(
 
 
 def _from_window(
-    fmt: JinjaFormat, messages: Sequence[Message], start: int, state: JinjaState, bos: str, eos: str, cont: bool,
+    fmt: TailFormat, messages: Sequence[Message], start: int, state: JinjaState, bos: str, eos: str, cont: bool,
     shown: Any,
 ) -> Found | None:
     """Checks 1 and 4 on two renders of a window, for a local template (`agentmem.engine.jinja_locality`).

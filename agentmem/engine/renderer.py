@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from agentmem.engine.builtin_formats import FORMATS, ChatMLFormat, GemmaFormat
 from agentmem.engine.chat_format import (
     ChatFormat,
@@ -195,9 +197,11 @@ class ChatRenderer:
         tokens: list[int] = []
         spans: list[Span] = []
         firsts: list[tuple[int, int]] = []
+        kept = None
         if tail.start > 0 and hit is not None:
             off, si = hit.firsts[tail.start]
             tokens, spans, firsts = hit.prompt.tokens[:off], hit.prompt.spans[:si], list(hit.firsts[: tail.start])
+            kept = hit.prompt.ids[:off]
         elif self.model.add_bos:
             tokens.append(self.model.bos)
             first = tail.segments[0] if tail.segments else None
@@ -212,7 +216,8 @@ class ChatRenderer:
             tokens.extend(t)
         while len(firsts) < n:
             firsts.append((len(tokens), len(spans)))
-        return RenderedPrompt(tokens, spans), tuple(firsts)
+        ids = None if kept is None else np.concatenate((kept, np.asarray(tokens[len(kept):], dtype=np.int32)))
+        return RenderedPrompt(tokens, spans, ids), tuple(firsts)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
         """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.

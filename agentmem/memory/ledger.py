@@ -13,6 +13,7 @@ All per-token data lives in parallel numpy arrays; no per-token Python objects.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 from typing import Sequence
@@ -29,6 +30,14 @@ _DTYPES = {"tok": np.int32, "reg": np.uint8, "pin": np.bool_, "msg": np.int32, "
 
 
 _VERSIONS = itertools.count(1)
+
+
+def _span_start(s: Span) -> int:
+    return s.start
+
+
+def _span_end(s: Span) -> int:
+    return s.end
 
 
 class Ledger:
@@ -142,7 +151,7 @@ class Ledger:
         region: str = "assistant",
         message: int = -1,
     ) -> None:
-        """Append live tokens; ``spans`` (absolute history positions) tag them, else ``region``/``message``."""
+        """Append live tokens; ``spans`` (absolute history positions, in order) tag them, else ``region``/``message``."""
         k = len(tokens)
         if k == 0:
             return
@@ -164,8 +173,10 @@ class Ledger:
             a["reg"][start:need] = _REGION_CODE["text"]
             a["pin"][start:need] = False
             a["msg"][start:need] = -1
-            for s in spans:
+            for s in spans[bisect.bisect_right(spans, start, key=_span_end) :]:  # in order: skip those before
                 lo, hi = max(s.start, start), min(s.end, need)
+                if lo >= need:
+                    break
                 if lo < hi:
                     a["reg"][lo:hi] = _REGION_CODE[s.region]
                     a["pin"][lo:hi] = s.pinned
@@ -190,11 +201,22 @@ class Ledger:
         reg, msg = self._a["reg"], self._a["msg"]
         reg[:n] = _REGION_CODE["text"]
         msg[:n] = -1
-        for s in spans:
-            lo, hi = s.start, min(s.end, n)
+        k = bisect.bisect_left(spans, n, key=_span_start)  # the spans that start before `n`
+        if k == 0:
+            return
+        starts = np.fromiter((s.start for s in spans[:k]), np.int64, k)
+        ends = np.minimum(np.fromiter((s.end for s in spans[:k]), np.int64, k), n)
+        codes = np.fromiter((_REGION_CODE[s.region] for s in spans[:k]), np.uint8, k)
+        messages = np.fromiter((s.message for s in spans[:k]), np.int32, k)
+        if starts[0] == 0 and np.array_equal(starts[1:], ends[:-1]):  # contiguous (as renders are): one fill
+            lens = ends - starts
+            reg[: ends[-1]] = np.repeat(codes, lens)
+            msg[: ends[-1]] = np.repeat(messages, lens)
+            return
+        for lo, hi, c, m in zip(starts.tolist(), ends.tolist(), codes.tolist(), messages.tolist()):
             if lo < hi:
-                reg[lo:hi] = _REGION_CODE[s.region]
-                msg[lo:hi] = s.message
+                reg[lo:hi] = c
+                msg[lo:hi] = m
 
     def evict_live(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """Mark live positions ``[s, e)`` as evicted; returns their history indices."""

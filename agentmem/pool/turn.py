@@ -178,7 +178,7 @@ class TurnRunner:
     def _reconcile(self, a: AgentState, prompt: RenderedPrompt) -> int:
         """Keep the longest common prefix of `a`'s KV and `prompt`; returns the tokens kept."""
         assert a.kv is not None, f"{a.id=}"
-        return a.kv.cut(min(a.ledger.common_prefix(prompt.tokens), len(prompt.tokens) - 1))
+        return a.kv.cut(min(a.ledger.common_prefix(prompt.ids), len(prompt.tokens) - 1))
 
     def _share(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, timings: Timings) -> int:
         """For an agent with nothing kept: tokens taken from another agent's prefix (0: none)."""

@@ -228,3 +228,62 @@ def test_find_line_then_chat_renders_the_prompt_once(tiny_model_path):
         finally:
             pool.release_line(line.agent_id)
         assert counter[0] == n
+
+
+def test_line_marks_from_the_arrays_match_the_spans():
+    """`line_marks` reads the ledger's arrays instead of building every span (a lookup re-indexes its
+    agent on every call); it answers what the span walk answered, on random histories."""
+    from agentmem.engine.chat_format import Span
+    from agentmem.memory.ledger import Ledger
+    from agentmem.pool.lines import LINE_REGIONS, line_marks
+
+    def by_spans(led):
+        spans = led.spans
+        for j in range(len(spans) - 1, -1, -1):
+            sp = spans[j]
+            if sp.message >= 0 and sp.region in LINE_REGIONS:
+                after = spans[j + 1] if j + 1 < len(spans) else None
+                return sp.end, after.end if after is not None and after.message == -1 else sp.end
+        return None
+
+    rng = random.Random(5)
+    for _ in range(300):
+        led, pos, spans = Ledger(), 0, []
+        for k in range(rng.randint(0, 6)):
+            n = rng.randint(1, 4)
+            region = rng.choice(["system", "user", "assistant", "tool_call", "tool_result", "text"])
+            spans.append(Span(pos, pos + n, region, rng.choice([-1, k]), rng.random() < 0.2))
+            pos += n
+        led.extend(list(range(pos)), spans)
+        assert line_marks(led) == by_spans(led)
+
+
+def test_ledger_tags_from_spans_match_the_span_walk():
+    """`Ledger.extend` skips the spans before its tokens and `retag` fills contiguous spans in one
+    numpy pass (they walked every span of the history on every call); the tags are the same."""
+    from agentmem.engine.chat_format import REGIONS, Span
+    from agentmem.memory.ledger import Ledger
+
+    def walked(n_hist, spans, n):
+        reg, msg = ["text"] * n_hist, [-1] * n_hist
+        for s in spans:
+            for t in range(s.start, min(s.end, n)):
+                reg[t], msg[t] = s.region, s.message
+        return reg, msg
+
+    rng = random.Random(11)
+    for _ in range(200):
+        spans, pos = [], rng.choice([0, 1])
+        for k in range(rng.randint(1, 8)):
+            n = rng.randint(1, 5)
+            spans.append(Span(pos, pos + n, rng.choice(REGIONS), rng.choice([-1, k])))
+            pos += n + (1 if rng.random() < 0.15 else 0)  # a gap now and then
+        cut = rng.randint(0, pos)
+        led = Ledger()
+        led.extend(list(range(cut)), spans)
+        led.extend(list(range(cut, pos)), spans)
+        assert ([REGIONS[c] for c in led.regions], led.messages.tolist()) == walked(pos, spans, pos)
+        n = rng.randint(0, pos)
+        led.retag(n, spans)
+        reg, msg = walked(pos, spans, n)
+        assert [REGIONS[c] for c in led.regions[:n]] == reg[:n] and led.messages[:n].tolist() == msg[:n]
