@@ -53,7 +53,8 @@ def history(n: int, tag: str) -> list[dict[str, str]]:
     msgs = [{"role": "system", "content": f"You are a helpful agent ({tag}). Answer briefly."}]
     for i in range(1, n):
         role = "user" if i % 2 else "assistant"
-        msgs.append({"role": role, "content": f"{tag} turn {i}: the plan for the next step is to read the file and test it"})
+        text = f"{tag} turn {i}: the plan for the next step is to read the file and test it"
+        msgs.append({"role": role, "content": text})
     if msgs[-1]["role"] != "user":
         msgs.append({"role": "user", "content": f"{tag} turn {n}: what is next"})
     return msgs
@@ -138,7 +139,8 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
                         res = one_call(pool, mode, agent, msgs)
                         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                         c = counters.take()
-                        samples.append((c["renders"], c["tokenize"], wall * 1e3, (cpu - c["decode_cpu"]) * 1e3, len(msgs)))
+                        host = cpu - c["decode_cpu"]
+                        samples.append((c["renders"], c["tokenize"], wall * 1e3, host * 1e3, len(msgs)))
                     rows.append({
                         "template": template, "mode": mode, "messages": n,
                         "renders": statistics.median(s[0] for s in samples),
@@ -162,7 +164,8 @@ def run_ref(ref: str, argv: list[str]) -> list[dict[str, Any]]:
         try:
             out = Path(tmp) / "ref.json"
             env = {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'integrations'}"}
-            subprocess.run([sys.executable, __file__, "--tree", str(tree), "--json", str(out), *argv], check=True, env=env)
+            cmd = [sys.executable, __file__, "--tree", str(tree), "--json", str(out), *argv]
+            subprocess.run(cmd, check=True, env=env)
             return json.loads(out.read_text())["rows"]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
@@ -170,26 +173,17 @@ def run_ref(ref: str, argv: list[str]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None, ref_name: str) -> str:
-    key = lambda r: (r["template"], r["mode"], r["messages"])  # noqa: E731
-    before = {key(r): r for r in ref or []}
-    if ref:
-        head = (f"{'template':8} {'mode':9} {'msgs':>5} | {'renders ' + ref_name:>14} {'now':>5} | "
-                f"{'tokenize ' + ref_name:>15} {'now':>5} | {'host ms ' + ref_name:>14} {'now':>7} {'ratio':>6} | "
-                f"{'wall ms ' + ref_name:>14} {'now':>7}")
-    else:
-        head = f"{'template':8} {'mode':9} {'msgs':>5} | {'renders':>7} | {'tokenize':>8} | {'host ms':>8} | {'wall ms':>8}"
+    """The rows as a text table; with `ref`, each figure as `ref → now` and the host-time ratio `ref / now`."""
+    before = {(r["template"], r["mode"], r["messages"]): r for r in ref or []}
+    cols = ("renders", "tokenize", "host_ms", "wall_ms")
+    head = f"{'template':8} {'mode':9} {'msgs':>5} | " + " | ".join(f"{c:>16}" for c in cols)
+    head += f" | {'host ' + ref_name + '/now':>14}" if ref else ""
     lines = [head, "-" * len(head)]
     for r in rows:
-        b = before.get(key(r))
-        if b is not None:
-            ratio = b["host_ms"] / r["host_ms"] if r["host_ms"] > 0 else float("inf")
-            lines.append(
-                f"{r['template']:8} {r['mode']:9} {r['messages']:>5} | {b['renders']:>14g} {r['renders']:>5g} | "
-                f"{b['tokenize']:>15g} {r['tokenize']:>5g} | {b['host_ms']:>14.1f} {r['host_ms']:>7.1f} {ratio:>5.1f}x | "
-                f"{b['wall_ms']:>14.1f} {r['wall_ms']:>7.1f}")
-        else:
-            lines.append(f"{r['template']:8} {r['mode']:9} {r['messages']:>5} | {r['renders']:>7g} | {r['tokenize']:>8g} | "
-                         f"{r['host_ms']:>8.1f} | {r['wall_ms']:>8.1f}")
+        b = before.get((r["template"], r["mode"], r["messages"]))
+        cells = [f"{b[c]:>7.1f} → {r[c]:<6.1f}" if b else f"{r[c]:>16.1f}" for c in cols]
+        ratio = f" | {b['host_ms'] / max(r['host_ms'], 1e-9):>13.1f}x" if b else ""
+        lines.append(f"{r['template']:8} {r['mode']:9} {r['messages']:>5} | " + " | ".join(cells) + ratio)
     return "\n".join(lines)
 
 

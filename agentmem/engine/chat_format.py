@@ -50,6 +50,7 @@ __all__ = [
     "Segment",
     "Span",
     "TailRender",
+    "span_table",
     "ToolCall",
     "normalize_messages",
     "normalize_tools",
@@ -151,11 +152,16 @@ class RenderedPrompt:
     spans: list[Span] = field(default_factory=list)
     #: the tokens as an int32 array (made from `tokens` unless given): lookups compare it without converting
     ids: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    #: the spans as rows `(start, end, region index in REGIONS, message)` (`span_table`; made unless given)
+    table: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.ids is None:
             object.__setattr__(self, "ids", np.asarray(self.tokens, dtype=np.int32))
+        if self.table is None:
+            object.__setattr__(self, "table", span_table(self.spans))
         self.ids.flags.writeable = False
+        self.table.flags.writeable = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -176,6 +182,17 @@ class TailRender:
     start: int
     segments: list[Segment]
     state: Any = None
+
+
+_REGION_INDEX = {r: i for i, r in enumerate(REGIONS)}
+
+
+def span_table(spans: Sequence[Span]) -> np.ndarray:
+    """`spans` as an int64 array of rows `(start, end, region index in REGIONS, message)`."""
+    out = np.empty((len(spans), 4), dtype=np.int64)
+    for i, s in enumerate(spans):
+        out[i] = (s.start, s.end, _REGION_INDEX[s.region], s.message)
+    return out
 
 
 # --------------------------------------------------------------------------- validation

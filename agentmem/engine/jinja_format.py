@@ -340,7 +340,8 @@ class JinjaFormat(ChatFormat):
             parts, i = _split_parts(full, prev, len(full), spans, i)
             segs.append(Segment(parts, "assistant", -1))
         spans = [*spans[:i0], *((a, b, k if k < n else -2) for a, b, k in spans[i0:])]  # kept ones renumbered before
-        state = JinjaState.extended(base, start, full, spans, ends, prevs, unsplit, base.bare if base is not None else bare)
+        bare = base.bare if base is not None else bare
+        state = JinjaState.extended(base, start, full, spans, ends, prevs, unsplit, bare)
         return TailRender(start, segs, state)
 
     # ---- regions: where each message's part of the render ends

@@ -45,8 +45,12 @@ def is_local(env: Any, source: str) -> bool:
     return _ok(tree, loop, in_loop=False, loop_is_ours=False)
 
 
+def _is_name(node: nodes.Node, name: str) -> bool:
+    return isinstance(node, nodes.Name) and node.name == name
+
+
 def _is_messages(node: nodes.Node) -> bool:
-    return isinstance(node, nodes.Name) and node.name == "messages"
+    return _is_name(node, "messages")
 
 
 def _is_loop_attr(node: nodes.Node, attrs: frozenset[str]) -> bool:
@@ -73,7 +77,7 @@ def _allowed_leaf(node: nodes.Node, loop_is_ours: bool) -> bool | None:
         return all(op.op in ("eq", "ne") and _is_const(op.expr, first) for op in node.ops)
     if isinstance(node, nodes.Mod) and _is_loop_attr(node.left, _INDEX_ATTRS) and loop_is_ours:
         return _is_const(node.right, 2)
-    if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == "loop" and loop_is_ours:
+    if loop_is_ours and isinstance(node, nodes.Getattr) and _is_name(node.node, "loop"):
         return node.attr in _NEIGHBOUR_ATTRS
     if isinstance(node, nodes.Name):
         if node.name == "messages":

@@ -179,7 +179,9 @@ def _from_whole(
     marks = Markers(prepared, shown)
     contents = [m.content for m in prepared]
     bare = state.bare  # as the whole render chose (it wrapped the kept empty contents too)
-    wrapped = contents[:start] + [marks.wrap(k, contents[k]) if (contents[k] or not bare) else "" for k in range(start, n)]
+    wrapped = contents[:start] + [
+        marks.wrap(k, contents[k]) if (contents[k] or not bare) else "" for k in range(start, n)
+    ]
     found = marks.strip(fmt._render(prepared, not cont, bos, eos, wrapped))
     if found is None or found[0] != full or any(s0 < p for s0, _, _ in found[1]):
         return None

@@ -22,7 +22,7 @@ Keys are Python hashes of a message's fields (its strings hashed with the proces
 randomized hash), and a conversation's key hashes those of its messages: equal keys mean
 equal messages, up to a 64-bit collision. A jinja render never rests on them alone (its text is compared).
 The memo holds at most `max_tokens` prompt tokens over all its records (least recently
-used dropped first).
+used dropped first); a render that extends a kept one replaces it.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Kept:
     Attributes:
         seed: what the keys started from (the format and the tools as sent).
         key: `prefix_key` of all the messages as sent.
+        last: the hash of the last of them (`message_hashes`).
         messages: those messages validated (`normalize_messages`), before any tools block.
         prompt: the prompt value they rendered to.
         firsts: for each rendered message `k`, `(token offset, span index)` where the spans of
@@ -115,7 +116,7 @@ class RenderMemo:
         max_tokens: prompt tokens kept over all records.
     """
 
-    def __init__(self, *, max_tokens: int = 1 << 21) -> None:
+    def __init__(self, *, max_tokens: int = 1 << 20) -> None:
         self.max_tokens = max_tokens
         self._kept: OrderedDict[int, Kept] = OrderedDict()
         self._ends: dict[tuple[int, int], int] = {}  # (messages, last message's hash) -> records ending so
@@ -161,6 +162,12 @@ class RenderMemo:
             self._ends[end] = left
         else:
             del self._ends[end]
+
+    def discard(self, kept: Kept) -> None:
+        """Forget `kept` (a render a longer one of its conversation supersedes)."""
+        with self._lock:
+            if self._kept.get(kept.key) is kept:
+                self._drop(self._kept.pop(kept.key))
 
     def clear(self) -> None:
         """Forget every kept render."""

@@ -30,6 +30,7 @@ from agentmem.engine.chat_format import (
     _with_system_text,
     normalize_messages,
     normalize_tools,
+    span_table,
 )
 from agentmem.engine.jinja_format import JinjaFormat
 from agentmem.engine.prompt_memo import Kept, RenderMemo, message_hashes, prefix_key
@@ -99,7 +100,7 @@ class ChatRenderer:
     """
 
     def __init__(
-        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, memo_tokens: int = 1 << 21,
+        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, memo_tokens: int = 1 << 20,
         limits: RenderLimits | None = None,
     ) -> None:
         self.model = model
@@ -152,7 +153,12 @@ class ChatRenderer:
     def render(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
     ) -> RenderedPrompt:
-        """Messages → tokens with region spans (raises `MessageError`).
+        """Messages → the prompt value: tokens with region spans (raises `MessageError`).
+
+        A conversation that extends one this renderer kept (`memo`) is validated, rendered and
+        tokenized from its new messages on (`ChatFormat.render_tail` decides how far back it
+        must go, and a jinja template's render is checked against the kept text); the same
+        messages and tools rendered again return the same value.
 
         Args:
             messages: the conversation.
@@ -183,6 +189,8 @@ class ChatRenderer:
         if len(hashes) == len(raw):
             key = prefix_key(seed, hashes, len(raw))
             self.memo.keep(Kept(seed, key, hashes[-1], tuple(norm), prompt, firsts, tail.state))
+            if hit is not None:
+                self.memo.discard(hit)  # the conversation went on: its shorter render is done with
         return prompt
 
     def _seed(self, tools: Any) -> tuple[int, str] | None:
@@ -192,7 +200,9 @@ class ChatRenderer:
         except (TypeError, ValueError):
             return None
 
-    def _assemble(self, tail: TailRender, hit: Kept | None, n: int) -> tuple[RenderedPrompt, tuple[tuple[int, int], ...]]:
+    def _assemble(
+        self, tail: TailRender, hit: Kept | None, n: int
+    ) -> tuple[RenderedPrompt, tuple[tuple[int, int], ...]]:
         """The prompt: the kept tokens and spans before message `tail.start`, then the new segments' tokens."""
         tokens: list[int] = []
         spans: list[Span] = []
@@ -216,8 +226,12 @@ class ChatRenderer:
             tokens.extend(t)
         while len(firsts) < n:
             firsts.append((len(tokens), len(spans)))
-        ids = None if kept is None else np.concatenate((kept, np.asarray(tokens[len(kept):], dtype=np.int32)))
-        return RenderedPrompt(tokens, spans, ids), tuple(firsts)
+        ids = table = None
+        if kept is not None and hit is not None:  # the kept arrays and the new rows: no pass over the history
+            ids = np.concatenate((kept, np.asarray(tokens[len(kept) :], dtype=np.int32)))
+            si = hit.firsts[tail.start][1]
+            table = np.concatenate((hit.prompt.table[:si], span_table(spans[si:])))
+        return RenderedPrompt(tokens, spans, ids, table), tuple(firsts)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
         """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.

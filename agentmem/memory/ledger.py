@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agentmem.engine.chat_format import REGIONS, Span
+from agentmem.engine.chat_format import REGIONS, Span, span_table
 
 __all__ = ["Ledger"]
 
@@ -30,10 +30,6 @@ _DTYPES = {"tok": np.int32, "reg": np.uint8, "pin": np.bool_, "msg": np.int32, "
 
 
 _VERSIONS = itertools.count(1)
-
-
-def _span_start(s: Span) -> int:
-    return s.start
 
 
 def _span_end(s: Span) -> int:
@@ -151,7 +147,7 @@ class Ledger:
         region: str = "assistant",
         message: int = -1,
     ) -> None:
-        """Append live tokens; ``spans`` (absolute history positions, in order) tag them, else ``region``/``message``."""
+        """Append live tokens; ``spans`` (absolute positions, in order) tag them, else ``region``/``message``."""
         k = len(tokens)
         if k == 0:
             return
@@ -185,7 +181,7 @@ class Ledger:
         self.n_live += k
         self.version = next(_VERSIONS)
 
-    def retag(self, n: int, spans: Sequence[Span]) -> None:
+    def retag(self, n: int, spans: Sequence[Span], *, table: np.ndarray | None = None) -> None:
         """Re-tag the first `n` history tokens with the regions and messages of `spans`.
 
         A call keeps the prefix its prompt shares with the history, but the tags of
@@ -193,7 +189,7 @@ class Ledger:
         glue (-1) then and is the opening of an assistant message now, and a reply
         was tagged `assistant` while the next render may call it a tool call. The
         newest render knows best. Pins stay as they are: `MemoryPool.pin` sets them
-        outside any render.
+        outside any render. `table`: `spans` as `span_table` rows (a prompt value carries them).
         """
         n = max(0, min(n, self._n))
         if n == 0:
@@ -201,13 +197,12 @@ class Ledger:
         reg, msg = self._a["reg"], self._a["msg"]
         reg[:n] = _REGION_CODE["text"]
         msg[:n] = -1
-        k = bisect.bisect_left(spans, n, key=_span_start)  # the spans that start before `n`
+        if table is None:
+            table = span_table(spans)
+        k = int(np.searchsorted(table[:, 0], n))  # the spans that start before `n` (in order)
         if k == 0:
             return
-        starts = np.fromiter((s.start for s in spans[:k]), np.int64, k)
-        ends = np.minimum(np.fromiter((s.end for s in spans[:k]), np.int64, k), n)
-        codes = np.fromiter((_REGION_CODE[s.region] for s in spans[:k]), np.uint8, k)
-        messages = np.fromiter((s.message for s in spans[:k]), np.int32, k)
+        starts, ends, codes, messages = table[:k, 0], np.minimum(table[:k, 1], n), table[:k, 2], table[:k, 3]
         if starts[0] == 0 and np.array_equal(starts[1:], ends[:-1]):  # contiguous (as renders are): one fill
             lens = ends - starts
             reg[: ends[-1]] = np.repeat(codes, lens)

@@ -93,7 +93,7 @@ class TurnRunner:
                 n_keep = self._reconcile(a, prompt)
                 shared = self._share(a, prompt, n_keep, timings)
                 n_keep = shared or n_keep
-                a.ledger.retag(n_keep, prompt.spans)  # the kept prefix as this prompt renders it
+                a.ledger.retag(n_keep, prompt.spans, table=prompt.table)  # the kept prefix as this prompt renders it
                 kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
             sampler = Sampler(core.model.vocab, core.model.n_vocab, params) if params.max_tokens > 0 else None
             tok = self._prefill(a, prompt, n_keep, sampler, timings, cancel)

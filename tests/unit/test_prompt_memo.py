@@ -23,7 +23,8 @@ from agentmem.engine.renderer import ChatRenderer
 from agentmem.errors import MessageError
 from tests.fixtures.tiny_gguf import CHATML_TEMPLATE, QWEN2_TEMPLATE, build_tiny_gguf
 
-TOOLS = [{"name": "f", "description": "look up", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}]
+TOOLS = [{"name": "f", "description": "look up",
+          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}]
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,8 @@ def test_a_kept_tool_turn_closed_later_is_rendered_again(qwen2):
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "name": "f", "arguments": {}},
                                                                 {"id": "b", "name": "f", "arguments": {}}]},
-            {"role": "tool", "tool_call_id": "a", "content": "one"}, {"role": "tool", "tool_call_id": "b", "content": "two"},
+            {"role": "tool", "tool_call_id": "a", "content": "one"},
+            {"role": "tool", "tool_call_id": "b", "content": "two"},
             {"role": "tool", "tool_call_id": "b", "content": "three"}]
     for n in range(2, len(msgs) + 1):
         assert inc.render(msgs[:n], tools=TOOLS) == whole.render(msgs[:n], tools=TOOLS)
