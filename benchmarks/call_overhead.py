@@ -14,8 +14,10 @@ For each call it counts the chat template's renders (`SandboxedTemplate.render`)
 tokenizer calls (`tokenize` + `tokenize_pieces`) and measures the wall time, and the
 host time: the CPU time of the calling thread less the CPU time spent in `llama_decode`
 (`LlamaContext._decode`, wrapped), so that other processes on a shared machine do not
-inflate it (medians over `--repeat` calls). Two templates: the tiny model's ChatML jinja template (`chatml`) and
-Qwen2.5's real template on the tiny `qwen2` model (`qwen2`).
+inflate it (medians over `--repeat` calls). Two templates: the tiny model's ChatML jinja
+template (`chatml`) and Qwen2.5's real template on the tiny `qwen2` model (`qwen2`);
+`--templates instruct` runs the bundled Qwen2.5-Coder-0.5B-Instruct instead (its real
+tokenizer; its prefill of 400 messages takes minutes on a CPU).
 
 `--ref REF` measures git revision `REF` of this repository in the same run (a
 temporary worktree, this same script run against it in a subprocess) and prints both
@@ -117,7 +119,9 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        if template == "qwen2":
+        if template == "instruct":  # the bundled Qwen2.5-Coder-0.5B-Instruct (slow to prefill on a CPU)
+            path = Path("qwen2.5-coder-0.5b-instruct")
+        elif template == "qwen2":
             path = build_tiny_gguf(Path(tmp) / "tiny-qwen2.gguf", arch="qwen2", chat_template=QWEN2_TEMPLATE)
         else:
             path = build_tiny_gguf(Path(tmp) / "tiny.gguf")
@@ -190,7 +194,8 @@ def table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None, ref_name
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200, 400])
-    ap.add_argument("--templates", nargs="+", default=["chatml", "qwen2"], choices=["chatml", "qwen2"])
+    ap.add_argument("--templates", nargs="+", default=["chatml", "qwen2"], choices=["chatml", "qwen2", "instruct"],
+                    help="instruct: the bundled Qwen instruct model (its real tokenizer; minutes of prefill on a CPU)")
     ap.add_argument("--repeat", type=int, default=5, help="calls measured per size (medians)")
     ap.add_argument("--quick", action="store_true", help="50 and 400 messages only")
     ap.add_argument("--ref", help="also measure this git revision (e.g. main) and print ratios")
