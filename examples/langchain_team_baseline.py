@@ -27,7 +27,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage
 from llama_cpp import llama_chat_format
 
-from agentmem.engine.chat_format import GemmaFormat, normalize_messages
+from agentmem.engine.builtin_formats import GemmaFormat
+from agentmem.engine.chat_format import normalize_messages
 
 # The exact tool block ChatAgentMem puts in the system prompt (prompt parity).
 from agentmem.tools import tools_prompt, with_system_block

@@ -13,12 +13,17 @@
   restore failures at DEBUG.
 * `sampling` turns logits into tokens (greedy, temperature, top-k/p, grammar, stop strings).
 * `triggers` checks a lazy grammar's trigger patterns and matches them as a reply grows.
-* `chat_format` validates chat messages (`Message`, `ToolCall`) and the built-in `gemma` and
-  `chatml` formats that render them into segments with a region each.
+* `chat_format` validates chat messages (`Message`, `ToolCall`) and holds the prompt value
+  (`RenderedPrompt`) and the `ChatFormat` strategy; `builtin_formats` has the built-in `gemma`
+  and `chatml` formats that render messages into segments with a region each.
 * `renderer` picks a model's format (`select_format`) and tokenizes what it renders, every
-  span tagged (`ChatRenderer`).
+  span tagged (`ChatRenderer`): it owns the prompt value, rendered once per request.
+* `prompt_memo` keeps the renders of recent conversations, so a call validates, renders and
+  tokenizes only the messages it adds (`RenderMemo`).
 * `jinja_format` renders a GGUF's own jinja chat template as a chat format, with each
-  message's content located so it is tokenized as text, in linear time.
+  message's content located so it is tokenized as text, in linear time; `jinja_tail` renders
+  it from the last kept message on, checked against the template's render of the whole new
+  conversation (or of a window of it, for a template `jinja_locality` finds local).
 * `jinja_text` marks every string of a tool definition so a template renders it as text.
 * `template_sandbox` compiles and renders such a template in jinja2's sandbox with a time
   limit and an output budget (`RenderLimits`), failing as `ChatTemplateError`.

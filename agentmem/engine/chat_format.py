@@ -5,7 +5,7 @@ message), then each segment is tokenized on its own (results cached), so the
 same message always yields the same tokens — which is what prefix reuse across
 turns relies on — and every token knows where it came from.
 
-Formats (strategy objects in `FORMATS`):
+Formats (strategy objects; the built-in ones in `agentmem.engine.builtin_formats`):
 
 * `gemma`  — Gemma's turn format (`<start_of_turn>user`/`model`); renders the
   same text as Gemma 3's own template for the conversations that template
@@ -36,18 +36,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from agentmem.errors import MessageError
 from agentmem.tools.formats import ToolFormat, get_tool_format
 from agentmem import validation as check
 
 __all__ = [
-    "FORMATS",
     "REGIONS",
     "ChatFormat",
     "Message",
     "RenderedPrompt",
     "Segment",
     "Span",
+    "TailRender",
+    "span_table",
     "ToolCall",
     "normalize_messages",
     "normalize_tools",
@@ -136,15 +139,60 @@ class Span:
     pinned: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    """Tokens of a prompt and the region spans covering them, in order."""
+    """Tokens of a prompt and the region spans covering them, in order: the prompt as a value.
+
+    Built once per request by `agentmem.engine.renderer.ChatRenderer` and shared, never
+    changed, by everything that reads it (the line lookup, admission, the turn); a new
+    prompt (a forced call's opening appended) is a new value.
+    """
 
     tokens: list[int]
     spans: list[Span] = field(default_factory=list)
+    #: the tokens as an int32 array (made from `tokens` unless given): lookups compare it without converting
+    ids: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    #: the spans as rows `(start, end, region index in REGIONS, message)` (`span_table`; made unless given)
+    table: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.ids is None:
+            object.__setattr__(self, "ids", np.asarray(self.tokens, dtype=np.int32))
+        if self.table is None:
+            object.__setattr__(self, "table", span_table(self.spans))
+        self.ids.flags.writeable = False
+        self.table.flags.writeable = False
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class TailRender:
+    """What `ChatFormat.render_tail` rendered: the segments of messages `start` on.
+
+    Attributes:
+        start: the first message rendered again; every segment of the messages before it
+            is the one the kept render had (the renderer keeps their tokens).
+        segments: the segments of messages `start`, `start + 1`, ... and the template glue
+            after the last one, in prompt order.
+        state: what the format keeps for the next call's `render_tail` (None: nothing).
+    """
+
+    start: int
+    segments: list[Segment]
+    state: Any = None
+
+
+_REGION_INDEX = {r: i for i, r in enumerate(REGIONS)}
+
+
+def span_table(spans: Sequence[Span]) -> np.ndarray:
+    """`spans` as an int64 array of rows `(start, end, region index in REGIONS, message)`."""
+    out = np.empty((len(spans), 4), dtype=np.int64)
+    for i, s in enumerate(spans):
+        out[i] = (s.start, s.end, _REGION_INDEX[s.region], s.message)
+    return out
 
 
 # --------------------------------------------------------------------------- validation
@@ -194,8 +242,11 @@ def _tool_call(raw: Any, where: str) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=dict(args) if isinstance(args, Mapping) else args)
 
 
-def normalize_messages(messages: Iterable[Mapping[str, Any] | Message]) -> list[Message]:
+def normalize_messages(messages: Iterable[Mapping[str, Any] | Message], *, offset: int = 0) -> list[Message]:
     """Validate chat messages; errors name the offending message and field.
+
+    `offset`: the index of the first of `messages` in the conversation (when earlier ones were
+    validated before: errors name the whole conversation's index, and an empty list is fine).
 
     >>> normalize_messages([{"role": "user", "content": "hi"}])
     [Message(role='user', content='hi', name=None, tool_calls=(), tool_call_id=None, pin=False)]
@@ -207,7 +258,7 @@ def normalize_messages(messages: Iterable[Mapping[str, Any] | Message]) -> list[
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
         raise MessageError(f"messages must be a list of dicts, got {type(messages).__name__}")
     out: list[Message] = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(messages, offset):
         where = f"messages[{i}]"
         if isinstance(m, Message):
             out.append(m)
@@ -245,7 +296,7 @@ def normalize_messages(messages: Iterable[Mapping[str, Any] | Message]) -> list[
         if not isinstance(pin, bool):
             raise MessageError(f"{where}.pin must be a bool, got {type(pin).__name__}")
         out.append(Message(role=role, content=content, name=name, tool_calls=calls, tool_call_id=tcid, pin=pin))
-    if not out:
+    if not out and not offset:
         raise MessageError("messages is empty")
     return out
 
@@ -297,6 +348,8 @@ class ChatFormat(abc.ABC):
     """Strategy: render validated messages to segments."""
 
     name = "base"
+    #: whether the same messages may render differently on another call (a template reading the clock)
+    volatile = False
 
     @abc.abstractmethod
     def render(
@@ -323,6 +376,29 @@ class ChatFormat(abc.ABC):
                 block in the system message).
         """
 
+    def render_tail(
+        self,
+        messages: Sequence[Message],
+        *,
+        kept: int,
+        state: Any,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> TailRender:
+        """Segments of the messages after those a kept render holds, or of all of them.
+
+        `messages[:kept]` are the messages of an earlier render of this format (same tools,
+        bos and eos) whose segments the caller kept, with that render's `state`. A format
+        returns the segments from the first message whose segments may differ now (a
+        message's segments can depend on whether it is the last one), or from message 0
+        when it cannot vouch that the earlier segments are unchanged. This base renders
+        everything; the built-in formats render from the last kept message on (a message's
+        segments depend only on itself, its index and whether it ends the conversation).
+        """
+        return TailRender(0, self.render(messages, bos=bos, eos=eos, controls=controls, tools=tools))
+
     @property
     def tool_format(self) -> ToolFormat:
         """The syntax the model writes tool calls in under this format (agentmem's envelope here)."""
@@ -330,110 +406,5 @@ class ChatFormat(abc.ABC):
 
 
 def continues_turn(messages: Sequence[Message]) -> bool:
+    """Whether the conversation ends with an assistant message the model continues (no tool calls)."""
     return messages[-1].role == "assistant" and not messages[-1].tool_calls
-
-
-class GemmaFormat(ChatFormat):
-    """Gemma turns; system text joins the first user turn like Gemma 3's template."""
-
-    name = "gemma"
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        bos: str,
-        eos: str,
-        controls: Controls | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> list[Segment]:
-        segs: list[Segment] = [Segment((markup_part(bos),), "system" if messages[0].role == "system" else "user", -1)] if bos else []
-        cont = continues_turn(messages)
-        n = len(messages)
-        i = 0
-        merged_first_user = False
-        if messages[0].role == "system":
-            sysm = messages[0]
-            if n > 1 and messages[1].role == "user":  # Gemma 3: system text opens the first user turn
-                parts = (markup_part("<start_of_turn>user\n"), content_part(sysm.content), markup_part("\n\n"))
-                segs.append(Segment(parts, "system", 0, sysm.pin))
-                merged_first_user = True
-            else:
-                parts = (markup_part("<start_of_turn>user\n"), content_part(sysm.content), markup_part("<end_of_turn>\n"))
-                segs.append(Segment(parts, "system", 0, sysm.pin))
-            i = 1
-        for k in range(i, n):
-            m = messages[k]
-            last = k == n - 1
-            if m.role == "user":
-                head = "" if (merged_first_user and k == 1) else "<start_of_turn>user\n"
-                who = (content_part(m.name), markup_part(": ")) if m.name else ()
-                parts = (markup_part(head), *who, content_part(m.content.strip()), markup_part("<end_of_turn>\n"))
-                segs.append(Segment(parts, "user", k, m.pin))
-            elif m.role == "system":
-                parts = (markup_part("<start_of_turn>user\n"), content_part(m.content), markup_part("<end_of_turn>\n"))
-                segs.append(Segment(parts, "system", k, m.pin))
-            elif m.role == "tool":
-                label = m.name or m.tool_call_id or ""
-                parts = (
-                    markup_part("<start_of_turn>user\nTool result ("), content_part(label), markup_part("):\n"), content_part(m.content), markup_part("<end_of_turn>\n")
-                )
-                segs.append(Segment(parts, "tool_result", k, m.pin))
-            else:  # assistant
-                if last and cont:
-                    segs.append(Segment((markup_part("<start_of_turn>model\n"), content_part(m.content.lstrip())), "assistant", k, m.pin))
-                    continue
-                text = m.content.strip()
-                if m.tool_calls:
-                    body = (content_part(text), markup_part("\n")) if text else ()
-                    segs.append(Segment((markup_part("<start_of_turn>model\n"), *body), "assistant", k, m.pin))
-                    parts = (content_part(tool_calls_text(m.tool_calls)), markup_part("<end_of_turn>\n"))
-                    segs.append(Segment(parts, "tool_call", k, m.pin))
-                else:
-                    parts = (markup_part("<start_of_turn>model\n"), content_part(text), markup_part("<end_of_turn>\n"))
-                    segs.append(Segment(parts, "assistant", k, m.pin))
-        if not cont:
-            segs.append(Segment((markup_part("<start_of_turn>model\n"),), "assistant", -1))
-        return segs
-
-
-class ChatMLFormat(ChatFormat):
-    """`<|im_start|>role\\n…<|im_end|>` turns (Qwen, many fine-tunes)."""
-
-    name = "chatml"
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        bos: str,
-        eos: str,
-        controls: Controls | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> list[Segment]:
-        first = messages[0].role if messages[0].role == "system" else "user"
-        segs: list[Segment] = [Segment((markup_part(bos),), first, -1)] if bos else []
-        cont = continues_turn(messages)
-        n = len(messages)
-        for k, m in enumerate(messages):
-            if m.role == "assistant" and k == n - 1 and cont:
-                segs.append(Segment((markup_part("<|im_start|>assistant\n"), content_part(m.content)), "assistant", k, m.pin))
-                continue
-            if m.role == "assistant" and m.tool_calls:
-                body = (content_part(m.content), markup_part("\n")) if m.content else ()
-                segs.append(Segment((markup_part("<|im_start|>assistant\n"), *body), "assistant", k, m.pin))
-                parts = (content_part(tool_calls_text(m.tool_calls)), markup_part("<|im_end|>\n"))
-                segs.append(Segment(parts, "tool_call", k, m.pin))
-                continue
-            region = {"tool": "tool_result"}.get(m.role, m.role)
-            who = (content_part(m.name), markup_part(": ")) if (m.name and m.role == "user") else ()
-            parts = (markup_part(f"<|im_start|>{m.role}\n"), *who, content_part(m.content), markup_part("<|im_end|>\n"))
-            segs.append(Segment(parts, region, k, m.pin))
-        if not cont:
-            segs.append(Segment((markup_part("<|im_start|>assistant\n"),), "assistant", -1))
-        return segs
-
-
-FORMATS: dict[str, type[ChatFormat]] = {"gemma": GemmaFormat, "chatml": ChatMLFormat}
-"""The built-in formats by name; `jinja` is `agentmem.engine.jinja_format.JinjaFormat`, picked by
-`agentmem.engine.renderer.select_format`."""

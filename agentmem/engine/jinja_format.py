@@ -24,17 +24,22 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+import jinja2
+
 from agentmem.engine.chat_format import (
     ChatFormat,
     Controls,
     Message,
     Part,
     Segment,
+    TailRender,
     ToolCall,
     content_part,
     continues_turn,
     markup_part,
 )
+from agentmem.engine.jinja_locality import is_local
+from agentmem.engine.jinja_tail import End, JinjaState, PrefixEnd, common_prefix as _common_prefix, render_from
 from agentmem.engine.jinja_text import (
     Markers,
     drop_controls,
@@ -110,6 +115,9 @@ class JinjaFormat(ChatFormat):
         self._tool_format: ToolFormat = detect_tool_format(template)
         self.keeps_names = self._probe_names()
         self.call_render_matches = self._probe_call_render(hash(template))
+        self.volatile = "strftime_now" in template  # reads the clock: the same messages may render differently
+        # renders from a window (`agentmem.engine.jinja_tail`); never a template reading the clock (its date anywhere)
+        self.local = not self.volatile and is_local(jinja2.Environment(), template)
 
     @property
     def tool_format(self) -> ToolFormat:
@@ -195,9 +203,9 @@ class JinjaFormat(ChatFormat):
         full: str,
         controls: Controls | None,
         marks: Markers,
-    ) -> list[tuple[int, int, int]] | None:
-        """Text spans of `full` (message contents and every string of the tools), or None when
-        the template's render cannot be split safely.
+    ) -> tuple[list[tuple[int, int, int]], bool] | None:
+        """Text spans of `full` (message contents and every string of the tools), and whether empty
+        contents were left bare, or None when the template's render cannot be split safely.
 
         The strings of the tools carry the index `len(messages)`: they belong to no message.
         """
@@ -225,7 +233,7 @@ class JinjaFormat(ChatFormat):
                 again = located(cleaned, drop_tree(shown, in_tools) if in_tools else shown, bare)
                 if again is None or markup_pieces(*again) != markup_pieces(full, spans):
                     return None
-        return spans
+        return spans, bare
 
     def render(
         self,
@@ -237,16 +245,32 @@ class JinjaFormat(ChatFormat):
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Segment]:
         """Segments of the template's render; `tools` reach it only when its tool format is native."""
+        return self.render_tail(messages, kept=0, state=None, bos=bos, eos=eos, controls=controls, tools=tools).segments
+
+    def render_tail(
+        self,
+        messages: Sequence[Message],
+        *,
+        kept: int,
+        state: Any,
+        bos: str,
+        eos: str,
+        controls: Controls | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> TailRender:
+        """`ChatFormat.render_tail`: from the last kept message on when the template's render of the whole
+        conversation still starts with the kept text (`agentmem.engine.jinja_tail`), else everything."""
         token = self._deadline.set(self._tpl.deadline())  # one deadline for all renders of this call
         shown = _openai_tools(tools) if tools and self.tool_format.native else None
         tools_token = self._tools.set(shown)
         try:
-            return self._segments(messages, bos, eos, controls)
+            tail = render_from(self, messages, kept, state, bos, eos, controls) if state is not None else None
+            return tail if tail is not None else self._segments(messages, bos, eos, controls)
         finally:
             self._tools.reset(tools_token)
             self._deadline.reset(token)
 
-    def _segments(self, messages: Sequence[Message], bos: str, eos: str, controls: Controls | None) -> list[Segment]:
+    def _segments(self, messages: Sequence[Message], bos: str, eos: str, controls: Controls | None) -> TailRender:
         if controls is not None:
             refuse_controls_outside_content(messages, controls)
         calls = [bool(m.tool_calls) for m in messages]
@@ -254,7 +278,9 @@ class JinjaFormat(ChatFormat):
         messages = self._prepared(messages)
         full = self._render(messages, not cont, bos, eos)
         marks = Markers(messages, self._tools.get())
-        spans = self._locate(messages, not cont, bos, eos, full, controls, marks)
+        located = self._locate(messages, not cont, bos, eos, full, controls, marks)
+        spans, bare = located if located is not None else (None, False)
+        unsplit = spans is None
         if spans is None:
             logger.debug("chat template rewrites message content; content kept apart by refusal only")
             if controls is not None:
@@ -267,30 +293,56 @@ class JinjaFormat(ChatFormat):
                         )
                 refuse_controls_in_tools(self._tools.get(), controls)
             spans = []
+        elif controls is not None:  # content holding control strings: the next call renders it all again
+            unsplit = any(controls(m.content) for m in messages) or bool(tool_controls(self._tools.get(), controls))
+        done = self.finish(messages, calls, cont, full, spans, marks, bos, eos, None, unsplit=unsplit, bare=bare)
+        assert done is not None  # without `part` every region end is found
+        return done
+
+    def finish(
+        self, messages: Sequence[Message], calls: Mapping[int, bool] | Sequence[bool], cont: bool, full: str,
+        spans: list[tuple[int, int, int]], marks: Markers, bos: str, eos: str, base: JinjaState | None, *,
+        start: int = 0, unsplit: bool = False, bare: bool = False, part: PrefixEnd | None = None,
+    ) -> TailRender | None:
+        """Segments of `full` from message `start` on (`base`'s state covers the ones before).
+
+        `messages` as the template got them (`_prepared`), `calls[k]`: message `k` holds tool calls (read
+        from `start` on), `cont`: the last message is continued, `spans`: the content spans of `full`,
+        `bare`: empty contents were left without markers (`_locate`; a render from `base` keeps its
+        choice), `part`: where an unlocated message's region ends (`_ends`). None when `part` could not say.
+        """
+        n = len(messages)
+        prev = base.prevs[start - 1] if start else 0
+        i = i0 = base.kept_spans(prev) if base is not None else 0  # spans before `prev`: the kept messages'
         if cont:  # cut everything the template adds after the final assistant content
-            last = [s for s in spans if s[2] == len(messages) - 1]
+            last = [s for s in spans[i:] if s[2] == n - 1]
             if last:
                 full = full[: last[-1][1]]
             else:
                 tail = messages[-1].content
                 j = full.rfind(tail) if tail else -1
                 full = full[: j + len(tail)] if j != -1 else full
+        ends = self._ends(messages, bos, eos, full, spans, marks, start, i, part)
+        if ends is None:
+            return None
         segs: list[Segment] = []
-        prev = 0
-        i = 0
-        for k, b in enumerate(self._ends(messages, bos, eos, full, spans, marks)):
-            b = min(b, len(full))
+        prevs = list(base.prevs[:start]) if base is not None else []
+        for k in range(start, n):
+            b = min(ends[k - start][0], len(full))
             if b > prev:
                 m = messages[k]
                 region = "tool_call" if calls[k] else {"tool": "tool_result"}.get(m.role, m.role)
                 parts, i = _split_parts(full, prev, b, spans, i)
                 segs.append(Segment(parts, region, k, m.pin))
                 prev = b
+            prevs.append(prev)
         if prev < len(full):
             parts, i = _split_parts(full, prev, len(full), spans, i)
             segs.append(Segment(parts, "assistant", -1))
-        return segs
-
+        spans = [*spans[:i0], *((a, b, k if k < n else -2) for a, b, k in spans[i0:])]  # kept ones renumbered before
+        bare = base.bare if base is not None else bare
+        state = JinjaState.extended(base, start, full, spans, ends, prevs, unsplit, bare)
+        return TailRender(start, segs, state)
 
     # ---- regions: where each message's part of the render ends
     def _ends(
@@ -301,8 +353,11 @@ class JinjaFormat(ChatFormat):
         full: str,
         spans: Sequence[tuple[int, int, int]],
         marks: Markers,
-    ) -> list[int]:
-        """End of each message's region in `full`, in linear time.
+        start: int = 0,
+        first_span: int = 0,
+        part: PrefixEnd | None = None,
+    ) -> list[End] | None:
+        """Where each message's region ends in `full` (messages `start` on), in linear time.
 
         A message's region ends where the render of the conversation up to it (no
         generation prompt) stops agreeing with `full`. For a message whose content
@@ -312,21 +367,31 @@ class JinjaFormat(ChatFormat):
         after the one before it, for templates that insist on alternation), so each
         message costs one small render instead of a render of the whole prefix. A
         message without located content (a template that drops it, or rewrites
-        content) falls back to rendering the prefix.
+        content) falls back to rendering the prefix (or to `part`, which answers from a
+        window; None when it cannot). Each `End` also says which characters of `full` the
+        answer read (`agentmem.engine.jinja_tail`).
         """
-        close = {k: s1 for _, s1, k in spans}
-        ends = []
-        for k in range(len(messages)):
+        close = {k: s1 for _, s1, k in spans[first_span:]}
+        ends: list[End] = []
+        for k in range(start, len(messages)):
             tail = self._tail(messages, k, bos, eos, marks) if k in close else None
             if tail is not None:
                 c = close[k]
-                ends.append(c + _common_prefix(tail, full[c : c + len(tail)]))
+                e = _common_prefix(tail, full[c : c + len(tail)])
+                ends.append((c + e, c, tail, c + min(len(tail), e + 1)))
+                continue
+            if part is not None:
+                found = part(k)
+                if found is None:
+                    return None
+                ends.append((found[0], -1, None, found[1]))
                 continue
             try:
-                part = self._render(messages[: k + 1], False, bos, eos)
+                text = self._render(messages[: k + 1], False, bos, eos)
             except MessageError:
-                part = ""  # e.g. a template that insists on alternation for prefixes
-            ends.append(_common_prefix(part, full))
+                text = ""  # e.g. a template that insists on alternation for prefixes
+            e = _common_prefix(text, full)
+            ends.append((e, -1, None, min(len(text), e + 1)))
         return ends
 
     def _tail(self, messages: Sequence[Message], k: int, bos: str, eos: str, marks: Markers) -> str | None:
@@ -367,18 +432,3 @@ def _openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "name": fn["name"], "description": (fn.get("description") or "").strip(), "parameters": prompt_schema(fn.get("parameters")),
         }})
     return out
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix of `a` and `b` (string compares in C, no per-character loop)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -181,9 +181,13 @@ def markup_pieces(text: str, spans: Sequence[tuple[int, int, int]]) -> list[str]
     return out
 
 
-def refuse_controls_outside_content(messages: Sequence[Message], controls: Controls) -> None:
-    """Names, tool-call ids and tool calls reach a jinja template as markup: refuse control strings in them."""
-    for k, m in enumerate(messages):
+def refuse_controls_outside_content(messages: Sequence[Message], controls: Controls, *, start: int = 0) -> None:
+    """Names, tool-call ids and tool calls reach a jinja template as markup: refuse control strings in them.
+
+    `start`: check `messages[start:]` only (the ones before were checked by an earlier render).
+    """
+    for k in range(start, len(messages)):
+        m = messages[k]
         fields: list[tuple[str, str]] = [("name", m.name or ""), ("tool_call_id", m.tool_call_id or "")]
         for j, c in enumerate(m.tool_calls):
             fields += [(f"tool_calls[{j}].id", c.id), (f"tool_calls[{j}].name", c.name),

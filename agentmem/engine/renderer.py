@@ -1,32 +1,39 @@
 """Rendering a conversation for one model: pick its chat format, tokenize, tag every span.
 
 `select_format` chooses the format (`gemma`, `chatml`, or the GGUF's own template
-through `jinja_format`); `ChatRenderer` renders messages with it and tokenizes each
-segment (markup with control tokens parsed, content as text), caching segment
-tokenizations so the same message always yields the same tokens.
+through `jinja_format`); `ChatRenderer` renders messages with it into the prompt value
+(`RenderedPrompt`) and tokenizes each segment (markup with control tokens parsed, content
+as text), caching segment tokenizations so the same message always yields the same tokens.
+It keeps its recent renders (`agentmem.engine.prompt_memo`): a conversation that extends
+a kept one is validated, rendered and tokenized from its new messages on, and the same
+request rendered again (line lookup, prompt limit, call) is rendered once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
+from agentmem.engine.builtin_formats import FORMATS, ChatMLFormat, GemmaFormat
 from agentmem.engine.chat_format import (
-    FORMATS,
     ChatFormat,
-    ChatMLFormat,
-    GemmaFormat,
     Message,
     Part,
     RenderedPrompt,
     Span,
+    TailRender,
     _with_system_text,
     normalize_messages,
     normalize_tools,
+    span_table,
 )
 from agentmem.engine.jinja_format import JinjaFormat
+from agentmem.engine.prompt_memo import Kept, RenderMemo, message_hashes, prefix_key
 from agentmem import validation as check
 from agentmem.errors import MessageError, PolicyError
 from agentmem.tools.formats import ToolFormat
@@ -81,6 +88,9 @@ class ChatRenderer:
             and `chat_template()`).
         chat_format: `auto`, `gemma`, `chatml` or `jinja`.
         cache_size: segment tokenizations kept (LRU).
+        memo_tokens: prompt tokens of recent renders kept to render the next call
+            incrementally (`agentmem.engine.prompt_memo.RenderMemo`; 0 = render every
+            call whole).
         limits: time and output limits of a jinja template's render
             (`agentmem.engine.template_sandbox.RenderLimits`; defaults when None).
 
@@ -90,7 +100,8 @@ class ChatRenderer:
     """
 
     def __init__(
-        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, limits: RenderLimits | None = None
+        self, model: Any, chat_format: str = "auto", *, cache_size: int = 8192, memo_tokens: int = 1 << 20,
+        limits: RenderLimits | None = None,
     ) -> None:
         self.model = model
         self.format = select_format(
@@ -100,6 +111,7 @@ class ChatRenderer:
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
         self._tool_format: ToolFormat | None = None
+        self.memo = RenderMemo(max_tokens=memo_tokens)
         logger.debug("chat format: %s", self.format.name)
 
     def _cached(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -141,7 +153,12 @@ class ChatRenderer:
     def render(
         self, messages: Iterable[Mapping[str, Any] | Message], *, tools: Sequence[Mapping[str, Any]] | None = None
     ) -> RenderedPrompt:
-        """Messages → tokens with region spans (raises `MessageError`).
+        """Messages → the prompt value: tokens with region spans (raises `MessageError`).
+
+        A conversation that extends one this renderer kept (`memo`) is validated, rendered and
+        tokenized from its new messages on (`ChatFormat.render_tail` decides how far back it
+        must go, and a jinja template's render is checked against the kept text); the same
+        messages and tools rendered again return the same value.
 
         Args:
             messages: the conversation.
@@ -150,24 +167,71 @@ class ChatRenderer:
                 format gets them through the template; otherwise agentmem's tools
                 block (`agentmem.tools.tools_prompt`) ends the system message.
         """
-        msgs = normalize_messages(messages)
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
+            normalize_messages(messages)  # raises, naming what was passed
+        raw = list(messages)
         specs = normalize_tools(tools)
+        seed = self._seed(tools)
+        hashes = message_hashes(raw) if seed is not None and self.memo.max_tokens else []
+        hit = self.memo.longest(seed, hashes) if hashes else None
+        n_hit = len(hit.messages) if hit is not None else 0
+        if hit is not None and n_hit == len(raw) and not self.format.volatile:
+            return hit.prompt
+        norm = [*hit.messages, *normalize_messages(raw[n_hit:], offset=n_hit)] if hit else normalize_messages(raw)
+        msgs = norm
         if specs and not self.format.tool_format.native:
-            msgs = _with_system_text(msgs, tools_prompt(specs))
-        segs = self.format.render(msgs, bos="", eos="", controls=self._controls, tools=specs or None)
+            msgs = _with_system_text(norm, tools_prompt(specs))
+        tail = self.format.render_tail(
+            msgs, kept=n_hit + len(msgs) - len(norm) if hit else 0, state=hit.state if hit else None,
+            bos="", eos="", controls=self._controls, tools=specs or None,
+        )
+        prompt, firsts = self._assemble(tail, hit, len(msgs))
+        if len(hashes) == len(raw):
+            key = prefix_key(seed, hashes, len(raw))
+            self.memo.keep(Kept(seed, key, hashes[-1], tuple(norm), prompt, firsts, tail.state))
+            if hit is not None:
+                self.memo.discard(hit)  # the conversation went on: its shorter render is done with
+        return prompt
+
+    def _seed(self, tools: Any) -> tuple[int, str] | None:
+        """What a conversation's keys start from: this format and the tools as sent (None: not keyable)."""
+        try:
+            return id(self.format), json.dumps(tools, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+
+    def _assemble(
+        self, tail: TailRender, hit: Kept | None, n: int
+    ) -> tuple[RenderedPrompt, tuple[tuple[int, int], ...]]:
+        """The prompt: the kept tokens and spans before message `tail.start`, then the new segments' tokens."""
         tokens: list[int] = []
         spans: list[Span] = []
-        if self.model.add_bos:
+        firsts: list[tuple[int, int]] = []
+        kept = None
+        if tail.start > 0 and hit is not None:
+            off, si = hit.firsts[tail.start]
+            tokens, spans, firsts = hit.prompt.tokens[:off], hit.prompt.spans[:si], list(hit.firsts[: tail.start])
+            kept = hit.prompt.ids[:off]
+        elif self.model.add_bos:
             tokens.append(self.model.bos)
-            first = segs[0] if segs else None
+            first = tail.segments[0] if tail.segments else None
             spans.append(Span(0, 1, first.region if first else "system", -1, True))
-        for s in segs:
+        for s in tail.segments:
             t = self._tok(s.parts)
             if not t:
                 continue
+            while len(firsts) <= s.message:
+                firsts.append((len(tokens), len(spans)))
             spans.append(Span(len(tokens), len(tokens) + len(t), s.region, s.message, s.pinned))
             tokens.extend(t)
-        return RenderedPrompt(tokens, spans)
+        while len(firsts) < n:
+            firsts.append((len(tokens), len(spans)))
+        ids = table = None
+        if kept is not None and hit is not None:  # the kept arrays and the new rows: no pass over the history
+            ids = np.concatenate((kept, np.asarray(tokens[len(kept) :], dtype=np.int32)))
+            si = hit.firsts[tail.start][1]
+            table = np.concatenate((hit.prompt.table[:si], span_table(spans[si:])))
+        return RenderedPrompt(tokens, spans, ids, table), tuple(firsts)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
         """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.

@@ -13,13 +13,14 @@ All per-token data lives in parallel numpy arrays; no per-token Python objects.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 from typing import Sequence
 
 import numpy as np
 
-from agentmem.engine.chat_format import REGIONS, Span
+from agentmem.engine.chat_format import REGIONS, Span, span_table
 
 __all__ = ["Ledger"]
 
@@ -29,6 +30,10 @@ _DTYPES = {"tok": np.int32, "reg": np.uint8, "pin": np.bool_, "msg": np.int32, "
 
 
 _VERSIONS = itertools.count(1)
+
+
+def _span_end(s: Span) -> int:
+    return s.end
 
 
 class Ledger:
@@ -142,7 +147,7 @@ class Ledger:
         region: str = "assistant",
         message: int = -1,
     ) -> None:
-        """Append live tokens; ``spans`` (absolute history positions) tag them, else ``region``/``message``."""
+        """Append live tokens; ``spans`` (absolute positions, in order) tag them, else ``region``/``message``."""
         k = len(tokens)
         if k == 0:
             return
@@ -164,8 +169,10 @@ class Ledger:
             a["reg"][start:need] = _REGION_CODE["text"]
             a["pin"][start:need] = False
             a["msg"][start:need] = -1
-            for s in spans:
+            for s in spans[bisect.bisect_right(spans, start, key=_span_end) :]:  # in order: skip those before
                 lo, hi = max(s.start, start), min(s.end, need)
+                if lo >= need:
+                    break
                 if lo < hi:
                     a["reg"][lo:hi] = _REGION_CODE[s.region]
                     a["pin"][lo:hi] = s.pinned
@@ -174,7 +181,7 @@ class Ledger:
         self.n_live += k
         self.version = next(_VERSIONS)
 
-    def retag(self, n: int, spans: Sequence[Span]) -> None:
+    def retag(self, n: int, spans: Sequence[Span], *, table: np.ndarray | None = None) -> None:
         """Re-tag the first `n` history tokens with the regions and messages of `spans`.
 
         A call keeps the prefix its prompt shares with the history, but the tags of
@@ -182,7 +189,7 @@ class Ledger:
         glue (-1) then and is the opening of an assistant message now, and a reply
         was tagged `assistant` while the next render may call it a tool call. The
         newest render knows best. Pins stay as they are: `MemoryPool.pin` sets them
-        outside any render.
+        outside any render. `table`: `spans` as `span_table` rows (a prompt value carries them).
         """
         n = max(0, min(n, self._n))
         if n == 0:
@@ -190,11 +197,21 @@ class Ledger:
         reg, msg = self._a["reg"], self._a["msg"]
         reg[:n] = _REGION_CODE["text"]
         msg[:n] = -1
-        for s in spans:
-            lo, hi = s.start, min(s.end, n)
+        if table is None:
+            table = span_table(spans)
+        k = int(np.searchsorted(table[:, 0], n))  # the spans that start before `n` (in order)
+        if k == 0:
+            return
+        starts, ends, codes, messages = table[:k, 0], np.minimum(table[:k, 1], n), table[:k, 2], table[:k, 3]
+        if starts[0] == 0 and np.array_equal(starts[1:], ends[:-1]):  # contiguous (as renders are): one fill
+            lens = ends - starts
+            reg[: ends[-1]] = np.repeat(codes, lens)
+            msg[: ends[-1]] = np.repeat(messages, lens)
+            return
+        for lo, hi, c, m in zip(starts.tolist(), ends.tolist(), codes.tolist(), messages.tolist()):
             if lo < hi:
-                reg[lo:hi] = _REGION_CODE[s.region]
-                msg[lo:hi] = s.message
+                reg[lo:hi] = c
+                msg[lo:hi] = m
 
     def evict_live(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """Mark live positions ``[s, e)`` as evicted; returns their history indices."""

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Seq
 import numpy as np
 
 import agentmem.validation as check
-from agentmem.engine.chat_format import Message
+from agentmem.engine.chat_format import REGIONS, Message
 from agentmem.errors import ConfigError
 from agentmem.memory.ledger import Ledger
 from agentmem.memory.shared import SHARE_PREFIX, PrefixIndex
@@ -73,6 +73,7 @@ __all__ = ["LINE_REGIONS", "Line", "LineIndex", "LineMethods", "line_marks"]
 
 #: regions of the messages a line key ends with (what a caller sends; never the model's reply)
 LINE_REGIONS = frozenset({"user", "tool_result", "text"})
+_LINE_CODES = np.array([REGIONS.index(r) for r in sorted(LINE_REGIONS)], dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +98,22 @@ def line_marks(ledger: Ledger) -> tuple[int, int] | None:
     """`(key_end, prompt_end)` of a history, or None when it has no user/tool/text message.
 
     `key_end`: the end of the last message in `LINE_REGIONS`; `prompt_end`: that plus the
-    template's generation prompt right after it (the tokens before the reply).
+    template's generation prompt right after it (the tokens before the reply). Read from the
+    ledger's arrays (no span objects built: a call's lookup re-indexes its agent).
     """
-    spans = ledger.spans
-    for j in range(len(spans) - 1, -1, -1):
-        sp = spans[j]
-        if sp.message >= 0 and sp.region in LINE_REGIONS:
-            after = spans[j + 1] if j + 1 < len(spans) else None
-            return sp.end, after.end if after is not None and after.message == -1 else sp.end
-    return None
+    n = len(ledger)
+    if n == 0:
+        return None
+    reg, msg = ledger.regions, ledger.messages
+    hits = np.flatnonzero((msg >= 0) & np.isin(reg, _LINE_CODES))
+    if hits.size == 0:
+        return None
+    end = int(hits[-1]) + 1  # the last such token ends its span: a token after it in the span would be one too
+    if end == n or msg[end] != -1:
+        return end, end
+    pin = ledger.pinned
+    differs = np.flatnonzero((reg[end:] != reg[end]) | (msg[end:] != -1) | (pin[end:] != pin[end]))
+    return end, end + (int(differs[0]) if differs.size else n - end)
 
 
 class LineIndex:
@@ -247,7 +255,7 @@ class LineMethods:
             rendered = self.renderer.render(check.message_list(messages), tools=tools)
         core = self._core
         with core.lock:
-            return core.lines.find(core, rendered.tokens, scope, claim=claim)
+            return core.lines.find(core, rendered.ids, scope, claim=claim)
 
     def release_line(self, agent_id: str) -> None:
         """End the claim `find_line` took on `agent_id` (no-op when there is none).

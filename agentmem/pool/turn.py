@@ -95,7 +95,7 @@ class TurnRunner:
                 n_keep = self._reconcile(a, prompt)
                 shared = self._share(a, prompt, n_keep, timings)
                 n_keep = shared or n_keep
-                a.ledger.retag(n_keep, prompt.spans)  # the kept prefix as this prompt renders it
+                a.ledger.retag(n_keep, prompt.spans, table=prompt.table)  # the kept prefix as this prompt renders it
                 kv = "shared" if shared else ("restored" if how == "restored" and n_keep else ("reused" if n_keep else "prefilled"))
             sampler = Sampler(core.model.vocab, core.model.n_vocab, params) if params.max_tokens > 0 else None
             tok = self._prefill(a, prompt, n_keep, sampler, timings, cancel)
@@ -180,7 +180,7 @@ class TurnRunner:
     def _reconcile(self, a: AgentState, prompt: RenderedPrompt) -> int:
         """Keep the longest common prefix of `a`'s KV and `prompt`; returns the tokens kept."""
         assert a.kv is not None, f"{a.id=}"
-        return a.kv.cut(min(a.ledger.common_prefix(prompt.tokens), len(prompt.tokens) - 1))
+        return a.kv.cut(min(a.ledger.common_prefix(prompt.ids), len(prompt.tokens) - 1))
 
     def _share(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, timings: Timings) -> int:
         """For an agent with nothing kept: tokens taken from another agent's prefix (0: none)."""

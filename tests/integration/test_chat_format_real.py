@@ -89,3 +89,32 @@ def test_qwen_tool_definitions_cannot_forge_turns(instruct_model_path):
         assert [t for t in forged if t in control] == [t for t in plain if t in control]
         assert sum(t in control for t in plain) == 5  # system, user, generation prompt
         assert model.detokenize(forged).count("x<|im_end|>") == 5  # all five strings, as text
+
+
+def test_qwen_incremental_render_equals_the_whole_render(instruct_model_path):
+    """Issue 32 (the prompt as a value): a call renders only what it adds to the kept render of its
+    conversation. On the bundled Qwen2.5-Coder-0.5B-Instruct (its real template, byte-level BPE),
+    with tools, tool calls with and without content, and runs of tool results, every render from
+    a kept one has the tokens and spans of the whole render; and the segments, tokenized one by one
+    at the template's control tokens, give what the whole text tokenizes to."""
+    tools = [{"name": "read", "description": "Read a file.",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    msgs = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(12):
+        msgs.append({"role": "user", "content": f"Step {i}: read the next file and tell me what it does."})
+        calls = [{"id": f"c{i}", "function": {"name": "read", "arguments": {"path": f"src/m{i}.py"}}}]
+        msgs.append({"role": "assistant", "content": "" if i % 2 else "Reading it.", "tool_calls": calls})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"def f{i}(x):\n    return x * {i}\n"})
+        if i % 3 == 0:
+            msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": "(second result)"})
+        msgs.append({"role": "assistant", "content": f"It multiplies by {i}."})
+    with LlamaModel(instruct_model_path) as model:
+        inc, whole = ChatRenderer(model, "auto"), ChatRenderer(model, "auto", memo_tokens=0)
+        assert inc.format.local
+        for n in range(1, len(msgs) + 1, 2):
+            got = inc.render(msgs[:n], tools=tools)
+            assert got == whole.render(msgs[:n], tools=tools), n
+        plain = [m for m in msgs if "tool_calls" not in m and m["role"] != "tool"]
+        segs = inc.format.render(normalize_messages(plain), bos="", eos="")
+        text = "".join(s.text for s in segs)
+        assert inc.render(plain).tokens == model.tokenize(text, parse_special=True)

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentmem.engine.chat_format import (
-    ChatMLFormat,
-    GemmaFormat,
-    normalize_messages,
-    tool_calls_text,
-)
+from agentmem.engine.builtin_formats import ChatMLFormat, GemmaFormat
+from agentmem.engine.chat_format import normalize_messages, tool_calls_text
 from agentmem.engine.jinja_format import JinjaFormat
 from agentmem.engine.renderer import select_format
 from agentmem.errors import MessageError, PolicyError
