@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import agentmem.validation as check
-from agentmem.archive import EvictedSpan
 from agentmem.config import PoolConfig
 from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
@@ -32,6 +31,7 @@ from agentmem.pool.lifetime import Lifetime, free_pool, in_use
 from agentmem.pool.lines import LineMethods
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.prefetch import Prefetcher
+from agentmem.pool.recalling import RecallMethods
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
 from agentmem.pool.state import AgentState, PoolCore
 from agentmem.pool.stats import pool_stats
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class MemoryPool(HintMethods, TenantMethods, LineMethods):
+class MemoryPool(HintMethods, TenantMethods, LineMethods, RecallMethods):
     """Keeps every agent's KV state across one shared llama.cpp context.
 
     At most `resident_agents` agents are *hot* (a live sequence). When another
@@ -412,20 +412,6 @@ class MemoryPool(HintMethods, TenantMethods, LineMethods):
             raise ConfigError("handoff needs two different agents")
         with self._core.lock:
             return self._sharing.handoff(src, dst, upto)
-
-    @in_use
-    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
-        """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
-        check.agent_id(agent_id, internal=True)
-        check.bounded_int(k, field="k", lo=0, hi=10_000)
-        if not isinstance(query, str):
-            raise ConfigError(f"query must be a string, got {type(query).__name__}")
-        core = self._core
-        res = core.recall_store.search_evicted(agent_id, query, k)
-        with core.lock:
-            core.totals["recalls"] += 1
-            core.totals["recall_hits"] += bool(res)
-        return res
 
     def tokens(self, agent_id: str) -> list[int]:
         """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""
