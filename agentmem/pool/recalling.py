@@ -12,6 +12,7 @@ import agentmem.validation as check
 from agentmem.archive import EvictedSpan
 from agentmem.errors import ConfigError
 from agentmem.pool.lifetime import in_use
+from agentmem.recall.embedders import Embedder
 
 if TYPE_CHECKING:
     from agentmem.pool.state import PoolCore
@@ -63,6 +64,11 @@ class RecallMethods:
         """
         self._check_open()
         self._core.recall.set_embedder(embedder, mode=mode)
+
+    @property
+    def recall_embedder(self) -> Embedder | None:
+        """The embedder of recall by meaning (`None`: keyword recall only); the server's `/v1/embeddings` uses it."""
+        return self._core.recall.embedder
 
     def recall_stats(self) -> dict[str, Any]:
         """The recall index's counters: spans embedded (and seconds spent), embedding errors,

@@ -151,6 +151,12 @@ class MiniLM:
         pooled = (h * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Tokens the encoder reads for `texts` (`[CLS]` and `[SEP]` included, each cut at 256)."""
+        with self._lock:
+            tok = self._load()
+            return sum(len(tok.encode(t, max_len=_MAX_TOKENS)) for t in texts)
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit vectors of `texts`, shape `(len(texts), 384)`, float32.
 

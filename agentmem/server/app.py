@@ -28,7 +28,7 @@ from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
 from agentmem.models import ModelPool
 from agentmem.pool import MemoryPool
-from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
+from agentmem.server import agents_api, anthropic_routes, embeddings_api, ollama_routes, openai_routes, responses_api
 from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine
@@ -199,6 +199,7 @@ def create_app(
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(agents_api.router)
+    app.include_router(embeddings_api.router)
 
     @app.get("/metrics")
     async def metrics(who: Principal = Depends(principal), e: Engine = Depends(engine)) -> Response:
