@@ -7,7 +7,8 @@ archive in one call (one transaction). `search` ranks by one of three modes:
 * `"keyword"` — the archive's full-text search alone (FTS5 BM25 / `tsvector`), as before #34;
 * `"vector"` — cosine similarity of the query's embedding to the spans' (the default:
   on the benchmark it finds paraphrased questions that keyword search misses, and
-  keyword questions as well — see `docs/recall.md`);
+  keyword questions as well — see `docs/recall.md`); when no span is similar enough
+  (`MIN_SIMILARITY`), the spans sharing a significant word with the query, if any;
 * `"hybrid"` — both lists fused by weighted reciprocal rank fusion (`fuse`), the
   keyword list counting only spans that share a significant word with the query.
 
@@ -173,9 +174,9 @@ class RecallIndex:
             hits = self.store.search_vectors(agent_id, qv[0], k=max(k, 4 * k if mode == "hybrid" else k),
                                              model=self.embedder.name, tenant=tenant,
                                              min_similarity=self.min_similarity)
-            if mode == "vector":
-                return hits
             significant = " ".join(sorted(words(query)))
+            if mode == "vector":  # nothing similar enough: what shares a significant word, if anything
+                return hits or (self.store.search_evicted(agent_id, significant, k) if significant else [])
             keyed = self.store.search_evicted(agent_id, significant, 4 * k) if significant else []
             return fuse([hits, keyed], [1.0, KEYWORD_WEIGHT], k=k)
         finally:

@@ -171,3 +171,16 @@ def test_an_openai_compatible_endpoint_embeds_in_batches_in_order() -> None:
         srv.shutdown()
     with pytest.raises(EmbedderError, match="embeddings request failed"):
         HTTPEmbedder(url, model="toy-embed", timeout_s=2).embed(["x"])
+
+
+def test_vector_mode_falls_back_to_shared_words_when_nothing_is_similar() -> None:
+    """Text the embedder cannot place (an identifier) is still found when it is named."""
+    flat = FunctionEmbedder(lambda texts: [[1.0, 0.0] if "Kestrel" in t else [0.0, 1.0] for t in texts], name="flat")
+    with Archive(":memory:") as arc:
+        idx = RecallIndex(arc, embedder=flat, min_similarity=0.5)
+        idx.add("a", SPANS)
+        assert [s.text for s in idx.search("a", "dentist Kestrel", 1)] == [SPANS[3][3]]  # by its vector
+        idx.set_embedder(FunctionEmbedder(lambda texts: [[0.0, 1.0] if "?" in t else [1.0, 0.0] for t in texts],
+                                          name="orthogonal"))
+        assert [s.text for s in idx.search("a", "garden hose?", 1)] == [SPANS[2][3]]  # no vector close: by word
+        assert idx.search("a", "what is it?", 1) == []  # no significant word either
