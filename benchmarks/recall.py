@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -151,7 +150,8 @@ def section_cost(emb: Any, n_spans: int, reps: int) -> list[list[Any]]:
                     rows.append([f"search, {mode}", f"{1e3 * t:.1f} ms", f"{n_spans} spans, query embedding included"])
                 qv = emb.embed([q])[0]
                 t = _timed(lambda: arc.search_vectors("a", qv, k=3, model=emb.name), reps)
-                rows.append(["cosine search alone", f"{1e3 * t:.1f} ms", f"{n_spans} spans: SQL, numpy, rows read back"])
+                rows.append(["cosine search alone", f"{1e3 * t:.1f} ms",
+                             f"{n_spans} spans: SQL, numpy, rows read back"])
     return rows
 
 

@@ -147,7 +147,8 @@ class MiniLM:
                             w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"])
             mid = lin(h, "intermediate.dense")
             mid = 0.5 * mid * (1.0 + _erf(mid / math.sqrt(2.0)))
-            h = _layer_norm(lin(mid, "output.dense") + h, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
+            h = _layer_norm(lin(mid, "output.dense") + h,
+                            w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
         pooled = (h * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 

@@ -61,7 +61,8 @@ def _texts(req: EmbeddingsRequest) -> list[str]:
         raise ApiError(400, "input must be a string or a list of strings (token arrays are not supported)",
                        code="invalid_value", param="input")
     if len(texts) > MAX_INPUTS:
-        raise ApiError(400, f"input holds {len(texts)} texts; at most {MAX_INPUTS}", code="invalid_value", param="input")
+        raise ApiError(400, f"input holds {len(texts)} texts; at most {MAX_INPUTS}", code="invalid_value",
+                       param="input")
     if any(not t for t in texts):
         raise ApiError(400, "input must not hold an empty string", code="invalid_value", param="input")
     if sum(map(len, texts)) > MAX_CHARS:

@@ -136,7 +136,8 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
     _make_v1(path)
     with Archive(path) as a:
         assert a.schema_version == SCHEMA_VERSION == 6
-        assert {"state_blocks", "state_checkpoints", "span_vectors"} <= set(a._db.table_names())  # type: ignore[union-attr]
+        tables = set(a._db.table_names())  # type: ignore[union-attr]
+        assert {"state_blocks", "state_checkpoints", "span_vectors"} <= tables
         names = {ix.name for ix in a._db["events"].indexes}  # type: ignore[index,union-attr]
         assert {"events_agent", "events_ts"} <= names
         led = a.get_ledger("old")

@@ -6,7 +6,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,6 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from agentmem import MemoryPool  # noqa: E402
-from agentmem.recall import FunctionEmbedder  # noqa: E402
 from agentmem.server import ServerSettings, create_app  # noqa: E402
 from agentmem.server.auth import KeyRing  # noqa: E402
 from tests.fixtures.serving import ServerThread  # noqa: E402
