@@ -7,7 +7,8 @@ Sections (``--only``):
   recall@1 and recall@3 of ``keyword`` (FTS5 BM25, what recall did before), ``vector``
   (the default embedder) and ``hybrid`` (both, reciprocal rank fusion) — after closing
   and reopening the archive, as after a restart. With ``tokenlearn-static-model``
-  installed its 64-d static vectors are measured as a second candidate.
+  installed its 64-d static vectors are measured as a second candidate; with ``--llama``
+  the chat model's own mean-pooled embeddings (llama.cpp's embeddings mode) as a third.
 * ``pool`` — the same conversation through a real pool with a token budget: the facts
   are evicted in eviction blocks (spans cut mid-sentence, as in use) and ``pool.recall``
   is asked; recall@k counts a hit when a returned span holds a piece of the fact.
@@ -17,7 +18,7 @@ Sections (``--only``):
 
 Usage::
 
-    python benchmarks/recall.py [--only set,pool,cost] [--spans 1000] [--quick]
+    python benchmarks/recall.py [--only set,pool,cost] [--spans 1000] [--quick] [--llama]
 """
 
 from __future__ import annotations
@@ -110,6 +111,17 @@ def section_pool(model: str | None, threads: int) -> list[list[Any]]:
     return rows
 
 
+def _llama_embedder(model: str | None, threads: int) -> Any:
+    """The chat model's own mean-pooled hidden states (llama.cpp embeddings mode), as a candidate."""
+    import llama_cpp
+
+    from agentmem.model import resolve_model_path
+
+    llm = llama_cpp.Llama(model_path=str(resolve_model_path(model)), embedding=True, n_threads=threads,
+                          n_ctx=512, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    return FunctionEmbedder(lambda texts: [llm.embed(t, normalize=True) for t in texts], name="gemma-mean")
+
+
 def _timed(fn: Callable[[], Any], reps: int) -> float:
     xs = []
     for _ in range(reps):
@@ -163,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="the pool section's model (default: the bundled one)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("AGENTMEM_THREADS", "1")))
     ap.add_argument("--quick", action="store_true", help="no pool section, 300 spans")
+    ap.add_argument("--llama", action="store_true", help="also measure the chat model's pooled embeddings (set)")
     args = ap.parse_args(argv)
     only = {s.strip() for s in args.only.split(",")} - ({"pool"} if args.quick else set())
     n_spans = 300 if args.quick else args.spans
@@ -176,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             embedders["static-64d"] = FunctionEmbedder(get_embeddings, name="tokenlearn-static-64d")
         except ImportError:
             pass
+        if args.llama:
+            embedders["gemma-3-270m-mean"] = _llama_embedder(args.model, args.threads)
         print("\n== set: 52 facts among small talk, archive reopened; recall@k\n")
         print(table(["ranking", "question", "recall@1", "recall@3"], section_set(embedders)))
     if "pool" in only:
