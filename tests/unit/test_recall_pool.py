@@ -54,6 +54,8 @@ def test_a_paraphrase_recalls_the_evicted_span_after_a_restart(tiny_model_path: 
         assert "vessel" in pool.recall("a", QUESTION, 1)[0].text
         stats = pool.recall_stats()
         assert stats["embedder"] == "sea" and stats["embedded_spans"] >= 1 and stats["searches"] == 2
+        totals = pool.stats()["totals"]
+        assert totals["recall_searches"] == 2 and totals["recall_embedded_spans"] == stats["embedded_spans"]
     with open_pool(tiny_model_path, archive) as pool:
         hit = pool.recall("a", QUESTION, 1)[0]
         assert "vessel" in hit.text and hit.score > 0.9
