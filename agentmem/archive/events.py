@@ -2,7 +2,8 @@
 
 `EventsMixin` adds to `Archive` the append-only `events` log and the
 `evicted_spans` table with its full-text search (the backend's `_search`: FTS5
-with BM25 on SQLite, a LIKE scan where SQLite lacks FTS5, `tsvector` on PostgreSQL).
+with BM25 on SQLite, a LIKE scan where SQLite lacks FTS5, `tsvector` on PostgreSQL);
+the spans' vectors and their search come from `VectorsMixin`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from agentmem.archive.core import ArchiveCore
 from agentmem.archive.records import EventRecord, EvictedSpan, Lease
+from agentmem.archive.vectors import VectorsMixin, unit_rows
 from agentmem.archive.values import SPAN_COLUMNS, _check_agent_id, _check_count, _check_key, _check_text
 from agentmem.errors import ConfigError
 
@@ -28,7 +29,7 @@ def _fts_terms(query: str) -> list[str]:
     return re.findall(r"\w+", query, flags=re.UNICODE)[:_MAX_QUERY_TERMS]
 
 
-class EventsMixin(ArchiveCore):
+class EventsMixin(VectorsMixin):
     """The event log and evicted-text recall (part of `Archive`)."""
 
     def log_event(self, agent_id: str | None, kind: str, *, fence: Lease | None = None, **data: Any) -> int:
@@ -108,13 +109,32 @@ class EventsMixin(ArchiveCore):
         return self.add_evicted_spans(agent_id, [(start, end, region, text)], fence=fence)[0]
 
     def add_evicted_spans(
-        self, agent_id: str, spans: Iterable[tuple[int, int, str, str]], *, fence: Lease | None = None
+        self,
+        agent_id: str,
+        spans: Iterable[tuple[int, int, str, str]],
+        *,
+        fence: Lease | None = None,
+        vectors: Any = None,
+        model: str | None = None,
     ) -> list[int]:
         """Archive several evicted spans of one agent in one transaction; returns their ids.
 
         With `fence` they are written only while that lease of the agent is current.
+        With `vectors` (one embedding per span, a matrix) and `model` (the embedder's
+        name) each span's vector is written in the same transaction (`VectorsMixin`):
+        a span is never archived without the vector it was given, nor a vector without its span.
+
+        Raises:
+            ConfigError: a bad field (named), or `vectors` without `model` or of the wrong shape.
         """
         _check_agent_id(agent_id)
+        spans = list(spans)
+        mat = None
+        if vectors is not None:
+            if not isinstance(model, str) or not model:
+                raise ConfigError("vectors need model, the embedder's name")
+            _check_text("model", model)
+            mat = unit_rows(vectors, n=len(spans))
         rows = []
         for start, end, region, text in spans:
             start, end = _check_count("start", start), _check_count("end", end)
@@ -136,6 +156,8 @@ class EventsMixin(ArchiveCore):
                     [agent_id, start, end, region, text, now],
                 ).fetchall()
                 ids.append(int(row[0][0]))
+            if mat is not None and ids:
+                self._write_vectors(db, agent_id, ids, mat, model or "")
         return ids
 
     def list_evicted(self, agent_id: str, *, limit: int | None = None) -> list[EvictedSpan]:

@@ -140,12 +140,23 @@ CREATE TABLE lease_log (
 CREATE INDEX lease_log_agent ON lease_log(agent_id, id);
 """
 
+_V6 = """
+CREATE TABLE span_vectors (
+    span_id  bigint PRIMARY KEY REFERENCES evicted_spans(id) ON DELETE CASCADE,
+    agent_id text NOT NULL,
+    model    text NOT NULL,
+    vec      bytea NOT NULL
+);
+CREATE INDEX span_vectors_agent ON span_vectors(agent_id, model);
+"""
+
 PG_MIGRATIONS: list[tuple[str, str]] = [
     ("_v1_initial", _V1),
     ("_v2_event_indexes", _V2),
     ("_v3_state_blocks", _V3),
     ("_v4_state_checkpoints", _V4),
     ("_v5_leases", _V5),
+    ("_v6_span_vectors", _V6),
 ]
 """`(name, SQL script)` per schema version, named like the SQLite step of the same version."""
 

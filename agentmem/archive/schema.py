@@ -184,8 +184,27 @@ def _v5_leases(db: Database) -> None:
     )
 
 
+def _v6_span_vectors(db: Database) -> None:
+    """Version 6: one embedding per evicted span (`agentmem.archive.vectors`), deleted with its span.
+
+    `agent_id` repeats the span's so a search selects an agent's or a tenant's vectors
+    without a join; `model` names the embedder (vectors of two embedders never compare).
+    """
+    db.executescript(
+        """
+        CREATE TABLE span_vectors (
+            span_id  INTEGER PRIMARY KEY REFERENCES evicted_spans(id) ON DELETE CASCADE,
+            agent_id TEXT NOT NULL,
+            model    TEXT NOT NULL,
+            vec      BLOB NOT NULL          -- float32 little-endian, unit length
+        );
+        CREATE INDEX span_vectors_agent ON span_vectors(agent_id, model);
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [
-    _v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints, _v5_leases,
+    _v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints, _v5_leases, _v6_span_vectors,
 ]
 """Schema steps in order; step `i` takes a file from version `i` to `i + 1`."""
 
@@ -194,7 +213,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 TABLES = (
     "agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks", "state_checkpoints",
-    "leases", "lease_log",
+    "leases", "lease_log", "span_vectors",
 )
 """Every table of the newest schema, in the order `Archive.stats` reports them."""
 
@@ -209,6 +228,7 @@ PAYLOAD_SQL = {
     "state_checkpoints": "length(blob) + coalesce(length(layout), 0)",
     "leases": "length(agent_id) + coalesce(length(owner), 0)",
     "lease_log": "length(agent_id) + length(owner) + length(kind)",
+    "span_vectors": "length(vec)",
 }
 """Per table, the SQL expression summing a row's stored payload bytes (valid SQL for both backends)."""
 

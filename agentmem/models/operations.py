@@ -87,12 +87,34 @@ class AgentOperations(HintRouting):
         with self._agent_lease(agent_id) as lease:
             return lease.pool.pin(agent_id, message_index, pinned)  # type: ignore[no-any-return]
 
-    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
-        """The `k` evicted spans of `agent_id` that best match `query` (`[]`: an agent bound to no model yet)."""
+    def recall(self, agent_id: str, query: str, k: int = 5, *, mode: str | None = None) -> list[EvictedSpan]:
+        """The `k` evicted spans of `agent_id` that best match `query`, by meaning or keyword
+        (`ModelEngine.recall`; `[]`: an agent bound to no model yet)."""
         if self.model_of(agent_id) is None:
             return []
         with self._agent_lease(agent_id) as lease:
-            return lease.pool.recall(agent_id, query, k)  # type: ignore[no-any-return]
+            return lease.pool.recall(agent_id, query, k, mode=mode)  # type: ignore[no-any-return]
+
+    def set_recall_embedder(self, embedder: Any, *, mode: str | None = None, model: str | None = None) -> None:
+        """`ModelEngine.set_recall_embedder` on `model` (default: the default model; loads it)."""
+        self._check_open()
+        with self.lease(model=model or self.default) as lease:
+            lease.pool.set_recall_embedder(embedder, mode=mode)
+
+    @property
+    def recall_embedder(self) -> Any:
+        """The default model's embedder of recall by meaning (`None`: keyword only, or that model is not loaded)."""
+        lease = self.lease_if_loaded(self.default)
+        if lease is None:
+            return None
+        with lease:
+            return lease.pool.recall_embedder
+
+    def recall_stats(self, *, model: str | None = None) -> dict[str, Any]:
+        """`ModelEngine.recall_stats` of `model` (default: the default model; loads it)."""
+        self._check_open()
+        with self.lease(model=model or self.default) as lease:
+            return lease.pool.recall_stats()  # type: ignore[no-any-return]
 
     def tokens(self, agent_id: str) -> list[int]:
         """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""

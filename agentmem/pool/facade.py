@@ -32,6 +32,7 @@ from agentmem.pool.lines import LineMethods
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.operations import AgentMethods
 from agentmem.pool.prefetch import Prefetcher
+from agentmem.pool.recalling import RecallMethods
 from agentmem.pool.results import ChatResult, ChatStream, drive_async
 from agentmem.pool.stats import pool_stats
 from agentmem.pool.tenants import TenantMethods
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 _SAMPLING_OPTIONS = frozenset({"top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "grammar"})
 
 
-class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods):
+class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods, RecallMethods):
     """Keeps every agent's KV state across one shared llama.cpp context (one model's engine).
 
     At most `resident_agents` agents are *hot* (a live sequence). When another

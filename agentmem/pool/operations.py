@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import agentmem.validation as check
-from agentmem.archive import EvictedSpan
 from agentmem.engine.chat_format import Message
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import AgentBusyError, ArchiveError, ArchiveFullError, ConfigError
@@ -156,20 +155,6 @@ class AgentMethods:
             raise ConfigError("handoff needs two different agents")
         with self._core.lock:
             return self._sharing.handoff(src, dst, upto)
-
-    @in_use
-    def recall(self, agent_id: str, query: str, k: int = 5) -> list[EvictedSpan]:
-        """The `k` evicted spans of `agent_id` that best match `query` (full-text search)."""
-        check.agent_id(agent_id, internal=True)
-        check.bounded_int(k, field="k", lo=0, hi=10_000)
-        if not isinstance(query, str):
-            raise ConfigError(f"query must be a string, got {type(query).__name__}")
-        core = self._core
-        res = core.recall_store.search_evicted(agent_id, query, k)
-        with core.lock:
-            core.totals["recalls"] += 1
-            core.totals["recall_hits"] += bool(res)
-        return res
 
     def tokens(self, agent_id: str) -> list[int]:
         """The tokens whose KV `agent_id` holds (live ledger tokens, in KV order)."""

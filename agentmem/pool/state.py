@@ -23,6 +23,7 @@ from agentmem.policy.placement import AgentInfo, PlacementPolicy
 from agentmem.pool.lines import LineIndex
 from agentmem.pool.residence import Residence
 from agentmem.pool.tenants import TenantScope
+from agentmem.recall.index import RecallIndex
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -157,6 +158,7 @@ class PoolCore:
         self.tiers = tiers
         self.archive = archive
         self.recall_store = recall_store
+        self.recall = RecallIndex(recall_store, embedder=config.recall_embedder, mode=config.recall_mode)
         self.placement = placement
         self.fingerprint = fingerprint
         self.capacity = capacity

@@ -59,6 +59,7 @@ def pool_stats(core: PoolCore) -> dict[str, Any]:
         kv_layout="unified" if core.ctx.params.kv_unified else "per_sequence",
         resident_agents=cfg.resident_agents,
     )
+    totals.update((f"recall_{k}", v) for k, v in core.recall.snapshot().items() if isinstance(v, (int, float)))
     p = totals["prefetch_hits"] + totals["prefetch_misses"]
     totals["prefetch_hit_rate"] = totals["prefetch_hits"] / p if p else 0.0
     return {"agents": agents, "tiers": tiers, "totals": totals, "shared": shared_stats(core)}

@@ -3,7 +3,7 @@
 `Trimmer.evict` asks the agent's eviction strategy which token ranges to drop,
 has the agent's sequence drop them (`AgentSeq.evict`: the cells removed, each kept
 segment shifted once, the ledger marked) and writes the evicted text as recall
-rows (full-text searchable through `MemoryPool.recall`).
+rows with their vectors (searchable by meaning and by keyword through `MemoryPool.recall`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Trimmer:
                 text = self.core.model.detokenize(led.tokens[run].tolist())
                 rows.append((int(run[0]), int(run[-1]) + 1, REGIONS[regs[run[0]]], text))
         if rows:
-            self.core.recall_store.add_evicted_spans(a.id, rows)
+            self.core.recall.add(a.id, rows)  # with their vectors, in one transaction
         counts = np.bincount(regs[hist], minlength=len(REGIONS))
         for i, c in enumerate(counts):
             if c:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentmem.config import PoolConfig
 from agentmem.errors import AgentMemError
 from agentmem.models import MemoryPool
-from agentmem.server import agents_api, anthropic_routes, ollama_routes, openai_routes, responses_api
+from agentmem.server import agents_api, anthropic_routes, embeddings_api, ollama_routes, openai_routes, responses_api
 from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentmem.server.auth import KeyRing, Principal
 from agentmem.server.bodies import document_bodies
@@ -214,6 +214,7 @@ def create_app(
     app.include_router(agents_api.router)
     document_bodies(app, [ChatCompletionRequest, CompletionRequest, ResponseCreateRequest, MessagesRequest,
                           CountTokensRequest, OllamaChat, OllamaGenerate])
+    app.include_router(embeddings_api.router)
 
     @app.get("/metrics")
     async def metrics(who: Principal = Depends(principal), e: Engine = Depends(engine)) -> Response:

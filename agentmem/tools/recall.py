@@ -1,7 +1,7 @@
 """Pinned facts and recall of evicted text, as every integration's memory shows them to the model.
 
 An agent with a token budget (`MemoryPool.set_budget`) keeps only part of its history in
-the KV; the rest is evicted and archived with full-text search (`MemoryPool.recall`).
+the KV; the rest is evicted and archived, found by meaning and by keyword (`MemoryPool.recall`).
 An integration's memory (AutoGen's `AgentMemMemory`, MAF's `AgentMemContextProvider`)
 adds the facts it was given in one message that starts with `FACTS_HEADER` (the client
 pins it in the KV: `pin_facts`), and the evicted spans the latest message asks about in
@@ -67,9 +67,13 @@ def recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str
     Eviction removes token blocks, so a span may start or end inside a sentence (`"the
     vault pass"` | `"word is marmalade."`); the history tokens around it complete it up to
     the nearest line breaks (at most `CONTEXT_TOKENS` each side), without the template's
-    role lines. A span counts only when it shares a word of four letters or more (not a
-    common one) with the query — the full-text search ORs every word, so `"what is"`
-    alone would match everything. Duplicates and the memory's own blocks are dropped.
+    role lines. When the pool recalls by meaning (`MemoryPool.recall_stats()` names an
+    embedder and the mode is not `"keyword"`) its hits are kept as they rank: a
+    paraphrased question shares no word with what it asks about, and the pool already
+    drops spans too unlike the query. By keyword, a span counts only when it shares a
+    word of four letters or more (not a common one) with the query — the full-text
+    search ORs every word, so `"what is"` alone would match everything. Duplicates and
+    the memory's own blocks are dropped.
 
     Args:
         pool: the `agentmem.MemoryPool`.
@@ -83,6 +87,8 @@ def recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str
     spans = pool.recall(agent_id, query, 4 * k)
     if not spans:
         return []
+    stats = pool.recall_stats() if hasattr(pool, "recall_stats") else {}
+    by_meaning = stats.get("embedder") is not None and stats.get("mode") != "keyword"
     hist = pool.history_tokens(agent_id)
     text = pool.model.detokenize
     out: list[tuple[str, Any]] = []
@@ -93,7 +99,7 @@ def recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str
         whole = left.rsplit("\n", 1)[-1] + text(hist[s.start : s.end]) + right.split("\n", 1)[0]
         lines = [ln.strip() for ln in whole.splitlines()]
         whole = "\n".join(ln for ln in lines if ln and ln.lower() not in _ROLE_LINES)
-        if not whole or whole in seen or is_memory_text(whole) or not wanted & words(whole):
+        if not whole or whole in seen or is_memory_text(whole) or not (by_meaning or wanted & words(whole)):
             continue
         seen.add(whole)
         out.append((whole, s))

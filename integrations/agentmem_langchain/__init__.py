@@ -7,6 +7,8 @@
 * `chat_models.py`: `ChatAgentMem`, a `BaseChatModel` (tools, structured output,
   streaming, async) that runs each call on the pool.
 * `llms.py`: `AgentMemLLM`, a `BaseLLM` for prompt-string chains.
+* `retrievers.py`: `AgentMemRetriever`, a `BaseRetriever` over an agent's evicted memory
+  (recall by meaning, `agentmem.recall`).
 * `_common.py`: what both models share — pool fields, agent identity, sampling, per-agent
   locks, the usage/timings metadata and `shared_pool` (with `close_shared_pools`: the
   process-wide pools that objects built without `pool=` share, `agentmem.tools.registry`,
@@ -46,5 +48,6 @@ from agentmem.tools import close_shared_pools
 from ._common import shared_pool
 from .chat_models import ChatAgentMem
 from .llms import AgentMemLLM
+from .retrievers import AgentMemRetriever
 
-__all__ = ["AgentMemLLM", "ChatAgentMem", "close_shared_pools", "shared_pool"]
+__all__ = ["AgentMemLLM", "AgentMemRetriever", "ChatAgentMem", "close_shared_pools", "shared_pool"]

@@ -135,8 +135,9 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _make_v1(path)
     with Archive(path) as a:
-        assert a.schema_version == SCHEMA_VERSION == 5
-        assert {"state_blocks", "state_checkpoints"} <= set(a._db.table_names())  # type: ignore[union-attr]
+        assert a.schema_version == SCHEMA_VERSION == 6
+        tables = set(a._db.table_names())  # type: ignore[union-attr]
+        assert {"state_blocks", "state_checkpoints", "span_vectors"} <= tables
         names = {ix.name for ix in a._db["events"].indexes}  # type: ignore[index,union-attr]
         assert {"events_agent", "events_ts"} <= names
         led = a.get_ledger("old")
@@ -144,31 +145,32 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
         assert a.get_agent("old").priority == 2 and a.events("old")[0].kind == "park"
         assert a.fts_enabled
     version = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    assert version == ("5",)
+    assert version == ("6",)
 
 
 def test_readonly_does_not_migrate(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _make_v1(path)
-    with pytest.raises(ArchiveError, match="version 1 needs migrating to version 5"):
+    with pytest.raises(ArchiveError, match=f"version 1 needs migrating to version {SCHEMA_VERSION}"):
         Archive(path, readonly=True)
 
 
 def test_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "a.db"
     Archive(path).close()
+    old, new = SCHEMA_VERSION, SCHEMA_VERSION + 1
 
-    def _v6_broken(db: Database) -> None:
+    def _vnext_broken(db: Database) -> None:
         db.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(archive_mod, "MIGRATIONS", [*MIGRATIONS, _v6_broken])
-    monkeypatch.setattr(archive_mod, "SCHEMA_VERSION", 6)
-    with pytest.raises(ArchiveError, match=r"migration _v6_broken \(version 5 -> 6\) failed: disk on fire"):
+    monkeypatch.setattr(archive_mod, "MIGRATIONS", [*MIGRATIONS, _vnext_broken])
+    monkeypatch.setattr(archive_mod, "SCHEMA_VERSION", new)
+    with pytest.raises(ArchiveError, match=rf"migration _vnext_broken \(version {old} -> {new}\) failed: disk on fire"):
         Archive(path)
     monkeypatch.undo()
     with Archive(path) as a:
-        assert a.schema_version == 5
+        assert a.schema_version == old
         assert "half_done" not in a._db.table_names()  # type: ignore[union-attr]
 
 

@@ -220,10 +220,10 @@ def test_a_failed_migration_leaves_the_old_version(postgres_url: str, monkeypatc
     from agentmem.archive import schema
 
     PostgresArchive(postgres_url).close()
-    broken = ("_v6_broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
+    broken = ("_vnext_broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
     monkeypatch.setattr("agentmem.archive.postgres.PG_MIGRATIONS", [*pg_schema.PG_MIGRATIONS, broken])
     monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
-    with pytest.raises(ArchiveError, match=rf"migration _v6_broken \(version {SCHEMA_VERSION} -> 6\) failed"):
+    with pytest.raises(ArchiveError, match=rf"migration _vnext_broken \(version {SCHEMA_VERSION} -> {SCHEMA_VERSION + 1}\) failed"):
         PostgresArchive(postgres_url)
     monkeypatch.undo()
     with PostgresArchive(postgres_url) as arc:

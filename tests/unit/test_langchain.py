@@ -82,7 +82,7 @@ class Pet(BaseModel):
 
 # --------------------------------------------------------------------------- package surface
 def test_public_api_is_pinned() -> None:
-    assert agentmem_langchain.__all__ == ["AgentMemLLM", "ChatAgentMem", "close_shared_pools", "shared_pool"]
+    assert agentmem_langchain.__all__ == ["AgentMemLLM", "AgentMemRetriever", "ChatAgentMem", "close_shared_pools", "shared_pool"]
 
 
 def test_import_without_langchain_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,9 @@ class ScriptedPool(FakeModelPool):
     def recall(self, agent_id: str, query: str, k: int = 5) -> list[Any]:  # type: ignore[override]
         return self.evicted[:k]
 
+    def recall_stats(self) -> dict[str, Any]:  # a keyword recall: the recall tool's shared-word gate applies
+        return {"embedder": None, "mode": "keyword"}
+
     def history_tokens(self, agent_id: str) -> list[int]:  # type: ignore[override]
         return [ord(c) for c in self.history]
 

@@ -48,7 +48,7 @@ class FakePool:
             raise ArchiveError("disk gone")
         self.log.append(f"checkpoint {Path(self.cfg.model_path or '').stem}")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         self.closed = True
         self.log.append(f"close {Path(self.cfg.model_path or '').stem}")
 
