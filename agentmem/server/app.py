@@ -213,7 +213,7 @@ def create_app(
     app.include_router(ollama_routes.router)
     app.include_router(agents_api.router)
     document_bodies(app, [ChatCompletionRequest, CompletionRequest, ResponseCreateRequest, MessagesRequest,
-                          CountTokensRequest, OllamaChat, OllamaGenerate])
+                          CountTokensRequest, OllamaChat, OllamaGenerate, embeddings_api.EmbeddingsRequest])
     app.include_router(embeddings_api.router)
 
     @app.get("/metrics")

@@ -22,14 +22,15 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentmem.recall.embedders import Embedder, make_embedder
-from agentmem.server.auth import Principal
-from agentmem.server.deps import engine, principal
+from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.deps import engine
 from agentmem.server.engine import Engine
 from agentmem.server.http_errors import ApiError
+from agentmem.server.serving import admitted
 
 __all__ = ["EmbeddingsRequest", "router"]
 
@@ -88,18 +89,21 @@ def _usage(emb: Embedder, texts: list[str]) -> int:
     return int(count(texts)) if callable(count) else sum(len(t.split()) for t in texts)
 
 
-@router.post("/v1/embeddings")
-async def embeddings(req: EmbeddingsRequest, who: Principal = Depends(principal),
+@router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingsRequest))
+async def embeddings(request: Request, req: EmbeddingsRequest = Depends(json_body(EmbeddingsRequest, "input")),
                      eng: Engine = Depends(engine)) -> dict[str, Any]:
-    """OpenAI's `embeddings.create`: one unit vector per input text, in input order."""
-    texts = _texts(req)
-    emb = _embedder(eng, req.model)
-    lease = eng.admit(who)  # the key's limit, before any work
-    try:
-        vecs = await eng.queue.call(emb.embed, texts)
-        tokens = await eng.queue.call(_usage, emb, texts)
-    finally:
-        lease.release()
+    """OpenAI's `embeddings.create`: one unit vector per input text, in input order.
+
+    Admitted like a call before its body is even decoded (the key's `max_concurrent` and rate, #33 F1).
+    """
+    async with admitted(request) as lease:
+        try:
+            texts = _texts(req)
+            emb = _embedder(eng, req.model)
+            vecs = await eng.queue.call(emb.embed, texts)
+            tokens = await eng.queue.call(_usage, emb, texts)
+        finally:
+            lease.release()
     vecs = np.asarray(vecs, dtype=np.float32)
     if req.dimensions is not None and req.dimensions != vecs.shape[1]:
         raise ApiError(400, f"dimensions must be {vecs.shape[1]} for {emb.name!r}", code="invalid_value",
