@@ -194,7 +194,7 @@ def agree(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def run_model(path: Path, args: argparse.Namespace, prompts: list[Any]) -> dict[str, Any]:
+def run_model(path: Path, args: argparse.Namespace, prompts: list[Any], partial: Path | None = None) -> dict[str, Any]:
     """Every configuration and scenario of one model: `{config: {scenario: stats}, ...}`."""
     results: dict[str, Any] = {"model": path.name, "configs": {}}
     with LlamaModel(path) as model:
@@ -245,6 +245,8 @@ def run_model(path: Path, args: argparse.Namespace, prompts: list[Any]) -> dict[
                 "wall_s": time.perf_counter() - t_wall,
             }
             logging.info("%s %s: %.0f s", path.name, name, results["configs"][name]["wall_s"])
+            if partial is not None:  # a long run's finished configurations survive an interruption
+                partial.write_text(json.dumps(results, indent=1))
     return results
 
 
@@ -287,15 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     start = {"load": load(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(f"start {start['time']}  load {start['load']}")
     out = {"start": start, "args": vars(args), "models": []}
+    p = Path(args.out)
+    p.parent.mkdir(parents=True, exist_ok=True)
     for name in names:
-        res = run_model(Path(resolve_model_path(name)), args, prompts)
+        res = run_model(Path(resolve_model_path(name)), args, prompts, partial=p.with_suffix(".partial.json"))
         out["models"].append(res)
         print(f"\n## {res['model']} ({len(prompts)} prompts, {args.steps} greedy tokens, filler {args.filler} tokens)\n")
         print(fmt(res, args.steps))
     out["end"] = {"load": load(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(f"\nend {out['end']['time']}  load {out['end']['load']}")
-    p = Path(args.out)
-    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(out, indent=1))
     print(f"wrote {p}")
     return 0
