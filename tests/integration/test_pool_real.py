@@ -64,7 +64,7 @@ def test_unified_cache_reply_within_the_measured_drift_whether_or_not_another_ra
     attention reduces over other slots and rounds differently: not bitwise (regression: this
     was an exact-equality test that passed or failed by chance, an xfail on Qwen2.5 that
     sometimes passed; issue #36). Asserted: the bound `benchmarks/isolation.py` measured,
-    next-token KL under `UNIFIED_MAX_KL` and the first `UNIFIED_EQUAL_PREFIX` tokens equal;
+    next-token KL under `UNIFIED_MAX_KL` and the first reply token equal;
     an agent that read the other's cells would miss both."""
     a = history("reviewer", 4)
     opts = dict(n_ctx=4096, resident_agents=2, n_threads=1, kv_layout="unified")
