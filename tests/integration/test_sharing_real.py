@@ -286,6 +286,7 @@ def test_join_from_parked_team_uses_the_parked_share(default_model_path):
     assert r.kv == "shared" and r.usage.cached_tokens >= n, (r.kv, r.usage)
 
 
+@pytest.mark.slow  # three pools of 8k context on each model: the longest test of the file (`make test-slow`)
 @pytest.mark.usefixtures("unified_kv_only")
 def test_parked_team_keeps_the_brief_once_and_continues_exactly(default_model_path, tmp_path):
     """Shared blocks on the real model: parked members store only their own cells.
