@@ -258,20 +258,25 @@ def fmt(res: dict[str, Any], steps: int) -> str:
                          f"{100 * st['top1']:.0f}%", f"{100 * st['identical']:.0f}%", st["min_agree"]])
     head = ["config", "scenario", "logits bitwise", "mean KL", "max KL", "top-1", f"identical {steps} tok",
             "min equal prefix"]
-    cpu = [[cname, f"{c['alone_cpu_ms_per_token']:.1f} ms", f"{c['wall_s']:.0f} s"] for cname, c in res["configs"].items()]
+    cpu = [[cname, f"{c['alone_cpu_ms_per_token']:.1f} ms", f"{c['wall_s']:.0f} s"]
+           for cname, c in res["configs"].items()]
     return (md_table(head, rows) + "\n\n" + md_table(["config", "CPU per token (alone, prefill+decode)", "wall"], cpu))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", help="bundled model name or GGUF path (repeatable; default: both bundled)")
+    ap.add_argument("--model", action="append",
+                    help="bundled model name or GGUF path (repeatable; default: both bundled)")
     ap.add_argument("--prompts", type=int, default=24, help="prompts, spread over the categories (max 60)")
     ap.add_argument("--steps", type=int, default=16, help="greedy tokens compared per prompt")
-    ap.add_argument("--filler", type=int, default=98, help="the other agent's tokens (97 cells + one it decodes next: off any tile boundary)")
+    ap.add_argument("--filler", type=int, default=98,
+                    help="the other agent's tokens (97 cells + one it decodes next: off any tile boundary)")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--threads-probe", type=int, default=4,
-                    help="prompts of the `2 threads` scenario (flash attention on only; 0 = skip it: 2 threads on a loaded machine is slow)")
-    ap.add_argument("--configs", default="all", help="`all`, or comma-separated `layout/fa` e.g. `unified/on,per_sequence/on`")
+                    help="prompts of the `2 threads` scenario (flash attention on only; 0 = skip it: "
+                         "2 threads on a loaded machine is slow)")
+    ap.add_argument("--configs", default="all",
+                    help="`all`, or comma-separated `layout/fa` e.g. `unified/on,per_sequence/on`")
     ap.add_argument("--quick", action="store_true", help="8 prompts, 8 steps, Gemma only")
     ap.add_argument("--out", default="bench-results/isolation.json")
     args = ap.parse_args(argv)
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
 
     names = args.model or list(BUNDLED_MODELS)
     prompts = build_prompts()
-    prompts = [prompts[i] for i in np.linspace(0, len(prompts) - 1, min(args.prompts, len(prompts))).round().astype(int)]
+    spread = np.linspace(0, len(prompts) - 1, min(args.prompts, len(prompts))).round().astype(int)
+    prompts = [prompts[i] for i in spread]  # spread over the categories
     start = {"load": load(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(f"start {start['time']}  load {start['load']}")
     out = {"start": start, "args": vars(args), "models": []}
@@ -294,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         res = run_model(Path(resolve_model_path(name)), args, prompts, partial=p.with_suffix(".partial.json"))
         out["models"].append(res)
-        print(f"\n## {res['model']} ({len(prompts)} prompts, {args.steps} greedy tokens, filler {args.filler} tokens)\n")
+        print(f"\n## {res['model']} ({len(prompts)} prompts, {args.steps} greedy tokens, "
+              f"filler {args.filler} tokens)\n")
         print(fmt(res, args.steps))
     out["end"] = {"load": load(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(f"\nend {out['end']['time']}  load {out['end']['load']}")

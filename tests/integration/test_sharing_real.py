@@ -145,7 +145,8 @@ def handoff(model_path, layout: str) -> list[tuple[list[int], list[int], str, st
                          max_tokens=N_GEN)
         ref_src = p.chat("ref_src", hist + [{"role": "user", "content": "Planner: what is the risk?"}],
                          max_tokens=N_GEN)
-    return [(dst.tokens, ref_dst.tokens, dst.text, ref_dst.text), (dst2.tokens, ref_dst.tokens, dst2.text, ref_dst.text),
+    return [(dst.tokens, ref_dst.tokens, dst.text, ref_dst.text),
+            (dst2.tokens, ref_dst.tokens, dst2.text, ref_dst.text),
             (src.tokens, ref_src.tokens, src.text, ref_src.text)]
 
 
