@@ -1,7 +1,8 @@
 # agentmem — two commands on a fresh machine:
 #   make demo   set everything up, run a multi-agent team on the bundled instruct model
 #   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh; CrewAI's own venv,
-#               .venv-crewai: scripts/install_crewai.sh), run the test suite
+#               .venv-crewai: scripts/install_crewai.sh), run the test suite: unit + integration on the real
+#               models, all but the tests marked `slow` (soaks, crash drills); `make test-slow` runs those
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
 # 2 cores); scripts/install_llama.sh keeps the wheel per set of build flags in
 # ~/.cache/agentmem/wheels. For CUDA: CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" make demo
@@ -13,7 +14,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.agentmem-installed
 EXTRAS ?= model,instruct,langchain,autogen,maf,baselines,server,clients,postgres,dev,docs
 
-.PHONY: install demo test test-unit bench docs clean
+# --durations=30: the slowest tests in every log, so a suite that grows slow shows where
+PYTEST_ARGS ?= --durations=30
+
+.PHONY: install demo test-deps test test-slow test-unit bench docs clean
 
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/install_llama.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,14 +34,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/team_demo.py
 
-test: $(STAMP)
+test-deps: $(STAMP)
 	bash scripts/install_postgres.sh
 	bash scripts/install_nginx.sh
 	bash scripts/install_crewai.sh $(PYTHON)
-	$(BIN)/python -m pytest
+
+test: test-deps
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: test-deps
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not integration"
+	$(BIN)/python -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/switch.py

@@ -158,7 +158,10 @@ class PoolConfig:
             agent's decode attends over its own cells only; each agent holds at most
             `n_ctx / resident_agents` tokens and shared prefixes are copied), or `auto`
             (the rule in `agentmem.pool.layout.choose_kv_layout`, from the measurement in
-            `benchmarks/resident_scaling.py`).
+            `benchmarks/resident_scaling.py`). `per_sequence` is also the exact isolation
+            mode: an agent's logits are bit for bit those of the agent alone whoever else
+            is resident (with `batch_decode=False`, or at most 2 agents per batch); in a
+            unified cache they move with where its cells sit (docs/fidelity.md, Isolation).
         tenants: agent-id prefixes of tenants that share nothing they did not declare
             (`agentmem.pool.tenants`): an agent's tenant is the longest prefix its id
             starts with; prefix sharing, shared blocks and handoffs stay inside a tenant

@@ -68,6 +68,8 @@ class Counters:
     def __init__(self, pool: Any) -> None:
         self.n: dict[str, int] = {"renders": 0, "tokenize": 0}
         self.decode_cpu = 0.0
+        engine = getattr(pool, "engine", None)  # the one pool: its engine holds the context (before #32: the pool)
+        pool = engine() if callable(engine) else pool
         decode = pool.ctx._decode
 
         def timed(*args: Any, **kwargs: Any) -> Any:

@@ -179,7 +179,8 @@ def switch(args: argparse.Namespace, opts: dict[str, Any], codec: str, clock: Co
             r = pool.chat(f"{a}-fresh", m[:-1], max_tokens=args.max_tokens)
             enc, dec = clock.take()
             fresh.append({"kv": r.kv, "ttft": r.timings.ttft_s, "encode": enc, "prompt": r.usage.prompt_tokens})
-        bpc = pool.model.kv_bytes_per_cell(pool.config.type_k, pool.config.type_v)
+        eng = pool.engine()
+        bpc = eng.model.kv_bytes_per_cell(eng.config.type_k, eng.config.type_v)
     rest = [c for c in calls if c["kv"] == "restored"]
     pre = [c for c in fresh if c["kv"] == "prefilled"]
     out = {
@@ -239,7 +240,7 @@ def decode(args: argparse.Namespace, opts: dict[str, Any]) -> dict[str, Any]:
     plain: list[float] = []
     try:
         with MemoryPool(args.model, n_ctx=n_ctx, resident_agents=1, prefetch=False, **opts) as pool:
-            tokens = pool.model.tokenize(prompt, add_special=True)
+            tokens = pool.engine().model.tokenize(prompt, add_special=True)
             for rep in range(args.reps + 1):  # the first rep of each warms up
                 r = pool.complete(f"decode{rep}", prompt, max_tokens=args.decode_tokens)
                 p = plain_rate(ctx, smpl, tokens, args.decode_tokens)

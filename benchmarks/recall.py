@@ -97,7 +97,7 @@ def section_pool(model: str | None, threads: int) -> list[list[Any]]:
         pool.chat("a", msgs, max_tokens=1)
         dt = time.perf_counter() - t0
         st = pool.recall_stats()
-        evicted = pool._core.recall_store.list_evicted("a")
+        evicted = pool.engine()._core.recall_store.list_evicted("a")
         for mode in MODES:
             for kind in ("paraphrase", "keyword"):
                 ranked = []

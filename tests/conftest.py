@@ -21,6 +21,7 @@ All are built once per session into a pytest temporary directory, in millisecond
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,13 @@ from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,
 from tests.fixtures.model_pools import tiny_model_pools, model_team  # noqa: E402,F401 - a fake ModelPool, tiny pools
 from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
 from tests.fixtures import gpu_lane  # noqa: E402
+
+# llama.cpp's results can depend on its thread count, and `default_threads()` picks one
+# from the load average when nobody says: two pools of one test could then round
+# differently. Every pool without an explicit `n_threads` gets one thread (on a 2-core
+# machine with a busy neighbour also the fastest: ggml's threads spin at barriers),
+# unless the caller set `AGENTMEM_THREADS` for the session.
+os.environ.setdefault("AGENTMEM_THREADS", "1")
 
 _MARKERS: dict[str, str] = {
     "integration": "needs the real bundled models (gemma-3-270m, qwen2.5-coder-0.5b-instruct); slow",

@@ -6,7 +6,10 @@ others down; a shared prefix there is one set of cells tagged for several sequen
 (`seq_cp`). With per-sequence streams (`kv_unified=False`) a decode attends over its
 own agent's cells only, each agent holds at most `n_ctx / resident_agents` tokens, and
 a `seq_cp` between sequences would copy whole streams (llama.cpp aborts on a partial
-one), so the pool copies prefixes through state blobs instead.
+one), so the pool copies prefixes through state blobs instead. Per-sequence streams are
+also exact: an agent's cells start at slot 0 of its own stream, so its logits are bit
+for bit those it has alone, where in a unified cache they move (by rounding) with the
+slots its cells take (`benchmarks/isolation.py`, docs/fidelity.md).
 
 `choose_kv_layout` resolves `PoolConfig.kv_layout`; `"auto"` follows the rule below,
 taken from `benchmarks/resident_scaling.py` (tables in docs/architecture.md).

@@ -12,9 +12,11 @@ Tests that only make sense on one model say so:
   behaviour), with a comment at the test saying why.
 * `instruct_model_path`: the instruct model only (what needs an instruct model: its
   native tool calls), skipped with a reason when its extra is absent.
-* `@pytest.mark.xfail(reason=..., strict=False)` with `@pytest.mark.xfail_only_on(name, ...)`:
+* `@pytest.mark.xfail(reason=..., strict=True)` with `@pytest.mark.xfail_only_on(name, ...)`:
   a known limit of those models; the xfail holds on their runs only and is dropped on the
-  others'. (A real `xfail` mark, not a custom one: LangChain's standard suite accepts an
+  others'. Strict (also the default, `xfail_strict` in pyproject.toml): greedy decoding
+  with pinned threads is deterministic, so a limit that passes has changed and must be
+  looked at; an xfail that passes by chance would say nothing. (A real `xfail` mark, not a custom one: LangChain's standard suite accepts an
   overridden test only if it carries `xfail` with a reason.)
 """
 

@@ -33,7 +33,7 @@ FILLER = [
 
 
 async def test_an_evicted_fact_comes_back_into_the_context(instruct_model_path, tmp_path) -> None:
-    with MemoryPool(instruct_model_path, n_ctx=4096, resident_agents=2, n_threads=2,
+    with MemoryPool(instruct_model_path, n_ctx=4096, resident_agents=2, n_threads=1,
                     archive_path=str(tmp_path / "agents.db")) as pool:
         pool.set_budget("clerk", 128)
         client = AgentMemChatCompletionClient(pool, agent_id="clerk", max_tokens=12)

@@ -32,7 +32,7 @@ MSGS = [
 
 
 def test_the_call_after_a_free_tool_call_reuses_the_whole_call(instruct_model_path: Path) -> None:
-    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=2) as pool:
+    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=1) as pool:
         r1 = pool.chat("a", MSGS, tools=TOOLS, max_tokens=48)
         calls = pool.tool_format.parse(r1.text)
         assert calls and calls[0].ok and calls[0].name == "lookup_metric", r1.text
@@ -61,7 +61,7 @@ def test_a_streamed_free_call_through_langchain_is_a_tool_call_only(instruct_mod
         """Look up the current value of a named service metric."""
         return "412"
 
-    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=2) as pool:
+    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=1) as pool:
         model = ChatAgentMem(pool=pool, agent_id="s", max_tokens=48).bind_tools([lookup_metric])
         chunks = list(model.stream([SystemMessage(MSGS[0]["content"]), HumanMessage(MSGS[1]["content"])]))
         full = chunks[0]
@@ -91,7 +91,7 @@ def test_the_call_after_a_forced_call_through_langchain_reuses_the_whole_call(in
         """Look up the current value of a named service metric."""
         return "412"
 
-    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=2) as pool:
+    with MemoryPool(instruct_model_path, n_ctx=1024, resident_agents=1, n_threads=1) as pool:
         chat = ChatAgentMem(pool=pool, agent_id="f", max_tokens=48)
         msgs = [SystemMessage(MSGS[0]["content"]), HumanMessage(MSGS[1]["content"])]
         ai = chat.bind_tools([lookup_metric], tool_choice="lookup_metric").invoke(msgs)

@@ -35,7 +35,7 @@ def run(model_path, *, hinted: bool) -> tuple[int, int, dict]:
              for a in AGENTS}
     seq = order(14)
     reused = counted = 0
-    with MemoryPool(model_path, n_ctx=4096, resident_agents=2, prefetch=False, n_threads=2) as pool:
+    with MemoryPool(model_path, n_ctx=4096, resident_agents=2, prefetch=False, n_threads=1) as pool:
         for i, a in enumerate(seq):
             if hinted:
                 pool.expect(seq[i : i + 4], soon=False)  # what a selector knows: who runs now, then next

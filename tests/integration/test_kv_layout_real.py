@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentmem import MemoryPool
+from tests.fixtures.kv_probe import within_unified_drift
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +15,7 @@ BRIEF = {"role": "system", "content": "You review pull requests for a payments s
 def test_unified_and_per_sequence_streams_give_identical_greedy_replies(default_model_path):
     out: dict[str, list[list[int]]] = {}
     for layout in ("unified", "per_sequence"):
-        with MemoryPool(default_model_path, n_ctx=4096, resident_agents=2, n_threads=2, prefetch=False,
+        with MemoryPool(default_model_path, n_ctx=4096, resident_agents=2, n_threads=1, prefetch=False,
                         batch_decode=False, kv_layout=layout) as p:
             hist = {a: [BRIEF] for a in ("planner", "coder", "tester")}
             got = []
@@ -30,11 +31,9 @@ def test_unified_and_per_sequence_streams_give_identical_greedy_replies(default_
             assert t["kv_layout"] == layout and t["restores"] > 0 and t["shared_prefix_hits"] > 0, t
             out[layout] = got
     # Not bitwise: a unified cache attends over every occupied cell (other sequences' masked),
-    # so llama.cpp's CPU attention reduces over more cells and rounds differently; on Qwen2.5
-    # one reply of six took another token at a near-tie after 7 equal ones (Gemma: all equal).
-    # A wrong cache diverges at once; drift shows late, in few replies.
-    def agree(u: list[int], q: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(u, q)) if x != y), min(len(u), len(q)))
-
-    assert all(agree(u, q) >= 4 for u, q in zip(out["unified"], out["per_sequence"])), out
-    assert sum(u == q for u, q in zip(out["unified"], out["per_sequence"])) >= len(out["unified"]) - 1, out
+    # so llama.cpp's CPU attention reduces over more cells and rounds differently, while a
+    # per-sequence stream computes exactly what the agent alone would (benchmarks/isolation.py).
+    # A wrong cache diverges at once; drift shows late. (This asserted "all but one reply
+    # equal", which held or not by chance: issue #36.)
+    pairs = list(zip(out["per_sequence"], out["unified"]))
+    assert all(within_unified_drift(q, u) for q, u in pairs), out

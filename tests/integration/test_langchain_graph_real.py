@@ -36,7 +36,7 @@ class State(TypedDict):
 
 
 def test_graph_nodes_are_agents_with_hints_and_exact_counts(instruct_model_path: Any) -> None:
-    with MemoryPool(str(instruct_model_path), n_ctx=4096, resident_agents=1, n_threads=2) as pool:
+    with MemoryPool(str(instruct_model_path), n_ctx=4096, resident_agents=1, n_threads=1) as pool:
         model = ChatAgentMem(pool=pool, max_tokens=12)
         force = {"type": "function", "function": {"name": "lookup"}}
 

@@ -90,18 +90,18 @@ class TestChatAgentMemStandardIntegration(ChatModelIntegrationTests):
         "answers magic_function(300) for magic_function(3); the call itself is grammar-valid and in range"
     )
 
-    @pytest.mark.xfail(reason=_COPIES_BOUNDS, strict=False)
+    @pytest.mark.xfail(reason=_COPIES_BOUNDS, strict=True)
     @pytest.mark.xfail_only_on("gemma-3-270m")
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_tool_calling(self, model: Any) -> None:  # type: ignore[override]
         super().test_tool_calling(model)
 
-    @pytest.mark.xfail(reason=_COPIES_BOUNDS, strict=False)
+    @pytest.mark.xfail(reason=_COPIES_BOUNDS, strict=True)
     @pytest.mark.xfail_only_on("gemma-3-270m")
     async def test_tool_calling_async(self, model: Any) -> None:  # type: ignore[override]
         await super().test_tool_calling_async(model)
 
-    @pytest.mark.xfail(reason=f"{BASE_MODEL}: with tool_choice='auto' it does not decide to call the tool", strict=False)
+    @pytest.mark.xfail(reason=f"{BASE_MODEL}: with tool_choice='auto' it does not decide to call the tool", strict=True)
     @pytest.mark.xfail_only_on("gemma-3-270m")
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model: Any) -> None:  # type: ignore[override]
@@ -111,7 +111,7 @@ class TestChatAgentMemStandardIntegration(ChatModelIntegrationTests):
         reason=f"{BASE_MODEL}: it does not use JSON keys named only in the prompt (json_mode constrains syntax, not keys); "
         "Qwen2.5-Coder-0.5B-Instruct repeats the joke's setup sentence until max_tokens (40) and never writes "
         "the punchline key",
-        strict=False,
+        strict=True,
     )
     def test_json_mode(self, model: Any) -> None:  # type: ignore[override]
         super().test_json_mode(model)

@@ -53,7 +53,7 @@ def test_a_paraphrase_recalls_the_evicted_fact_after_a_restart(gemma_model_path:
     with _pool(gemma_model_path, archive) as pool:
         pool.chat("clerk", msgs + [{"role": "user", "content": "Thanks."}], max_tokens=1)
         assert pool.recall_stats()["embedder"] == "all-minilm-l6-v2"
-        assert not _holds_fact(pool.model.detokenize(pool.tokens("clerk"))), "the fact left the KV"
+        assert not _holds_fact(pool.engine().model.detokenize(pool.tokens("clerk"))), "the fact left the KV"
     with _pool(gemma_model_path, archive, embedder="none") as pool:  # recall as it was before #34
         assert recall_spans(pool, "clerk", PARAPHRASE, 3) == [], "no word of the question is in the fact"
     with _pool(gemma_model_path, archive) as pool:

@@ -26,7 +26,7 @@ class Verdict(BaseModel):
 
 def test_agents_switch_by_restore_over_http(default_model_path: Path) -> None:
     """Two agents share one live sequence: every switch parks one and restores the other."""
-    pool = MemoryPool(str(default_model_path), n_ctx=4096, resident_agents=1, n_threads=2)
+    pool = MemoryPool(str(default_model_path), n_ctx=4096, resident_agents=1, n_threads=1)
     try:
         with ServerThread(create_app(pool, settings=ServerSettings(model_name="gemma"))) as srv, \
                 openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0) as client:
@@ -73,7 +73,7 @@ WEATHER = {
 
 def test_native_tool_loop_reuses_the_calls_kv(instruct_model_path: Path) -> None:
     """Qwen2.5 sees its own tool prompt, calls in `<tool_call>` JSON, and the call's KV carries to the next request."""
-    pool = MemoryPool(str(instruct_model_path), n_ctx=4096, resident_agents=1, n_threads=2)
+    pool = MemoryPool(str(instruct_model_path), n_ctx=4096, resident_agents=1, n_threads=1)
     try:
         assert pool.tool_format.name == "hermes"
         with ServerThread(create_app(pool, settings=ServerSettings(model_name="qwen"))) as srv, \

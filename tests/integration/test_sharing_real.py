@@ -5,8 +5,11 @@ tokens in the same decode calls* itself (a ``min_share_tokens=0`` pool): llama.c
 CPU kernels round differently for batches of different row counts, so an agent that
 prefilled ``prefix + suffix`` in one call may drift from one that got the prefix's
 cells and decoded only the suffix, although both are correct. With matched decode
-calls the outputs must be bitwise equal — any difference would mean the shared
-cells are not the donor's cells at the right positions.
+calls and per-sequence KV streams (each agent's cells from slot 0 of its own stream)
+the outputs must be bitwise equal — any difference would mean the shared cells are not
+the donor's cells at the right positions. In a unified cache the agent's own cells sit
+at other slots than the reference's, and llama.cpp's attention rounds by slot: there
+the tests assert the measured drift bound (``tests/fixtures/kv_probe.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 
 from agentmem import MemoryPool
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel
+from tests.fixtures.kv_probe import within_unified_drift
 
 pytestmark = pytest.mark.integration
 
@@ -62,36 +66,59 @@ def test_declared_share_gives_same_output_as_own_prefill(default_model_path):
     assert r.tokens == ref.tokens, (r.text, ref.text)
 
 
-def test_automatic_prefix_from_live_and_parked_donor_same_as_own_prefill(default_model_path):
+def automatic_prefix(model_path, layout: str) -> list[tuple[list[int], list[int], str, str]]:
+    """A live and a parked donor give their prefix automatically; `(got, reference, text, reference text)` each.
+
+    Each reference agent first decodes the donor's prompt, then continues with its own:
+    the same decode calls as the agent that got the donor's cells.
+    """
     q1, q2, q3 = "Who reviews changes?", "When do releases ship?", "Which tests are flaky?"
-    with MemoryPool(default_model_path, **opts()) as p:
+    with MemoryPool(model_path, **opts(kv_layout=layout)) as p:
         p.chat("planner", team(q1), max_tokens=8)
-        live = p.chat("coder", team(q2), max_tokens=N_GEN)  # the planner is live: seq_cp
+        live = p.chat("coder", team(q2), max_tokens=N_GEN)  # the planner is live: seq_cp (unified) or a copy
         p.park("planner")
         p.park("coder")
         parked = p.chat("tester", team(q3), max_tokens=N_GEN)  # both parked: restore, then cut
         assert p.stats()["totals"]["shared_prefix_hits"] == 2
     assert live.kv == "shared" and parked.kv == "shared", (live.kv, parked.kv)
     assert live.usage.cached_tokens > 60 and parked.usage.cached_tokens > 60
-    with MemoryPool(default_model_path, **opts(min_share_tokens=0)) as p:
-        # each reference agent first decodes the donor's prompt, then continues with its own
+    with MemoryPool(model_path, **opts(min_share_tokens=0, kv_layout=layout)) as p:
         p.chat("ref_live", team(q1), max_tokens=8)
         ref_live = p.chat("ref_live", team(q2), max_tokens=N_GEN)
         p.chat("ref_parked", team(q1), max_tokens=8)  # the tester's prefix cells are the planner's
         ref_parked = p.chat("ref_parked", team(q3), max_tokens=N_GEN)
     assert ref_live.usage.cached_tokens == live.usage.cached_tokens
     assert ref_parked.usage.cached_tokens == parked.usage.cached_tokens
-    assert live.tokens == ref_live.tokens, (live.text, ref_live.text)
-    assert parked.tokens == ref_parked.tokens, (parked.text, ref_parked.text)
+    return [(live.tokens, ref_live.tokens, live.text, ref_live.text),
+            (parked.tokens, ref_parked.tokens, parked.text, ref_parked.text)]
 
 
-def test_handoff_same_as_own_prefill_and_source_unaffected(default_model_path):
+def test_automatic_prefix_from_live_and_parked_donor_same_as_own_prefill(gemma_model_path):
+    """Per-sequence streams: the copied prefix continues bit for bit like the agent's own prefill.
+    (Gemma only: its sliding window makes a copied prefix the harder case; the unified test
+    below runs on both models.)"""
+    for got, ref, text, ref_text in automatic_prefix(gemma_model_path, "per_sequence"):
+        assert got == ref, (text, ref_text)
+
+
+def test_automatic_prefix_in_a_unified_cache_within_the_measured_drift(default_model_path):
+    """A unified cache: the shared cells are the donor's, tagged for the agent, and its own
+    cells sit at other slots than the reference's, so the replies are equal up to the
+    measured drift (regression, issue #36: asserted bitwise, they parted at token 9-16 by
+    rounding). Wrong shared cells change the reply from its first tokens."""
+    for got, ref, text, ref_text in automatic_prefix(default_model_path, "unified"):
+        assert within_unified_drift(ref, got), (text, ref_text)
+
+
+def handoff(model_path, layout: str) -> list[tuple[list[int], list[int], str, str]]:
+    """A live handoff, the source's own continuation, and a parked handoff (`upto`); each against
+    a reference agent that decoded the same tokens itself: `(got, reference, text, reference text)`."""
     first = team("Plan the next release in one sentence.")
-    with MemoryPool(default_model_path, **opts()) as p:
+    with MemoryPool(model_path, **opts(kv_layout=layout)) as p:
         s1 = p.chat("planner", first, max_tokens=16)
         src_hist = p.history_tokens("planner")
         card = p.handoff("planner", "coder")
-        # (per-sequence streams, `pytest --kv-layout per_sequence`, copy the live source's state)
+        # per-sequence streams copy the live source's state
         assert card.mode == ("shared" if p.engine().ctx.params.kv_unified else "copied")
         assert card.src == "planner" and card.dst == "coder" and card.seq_no == 1
         assert card.n_tokens == len(src_hist) == card.n_live
@@ -111,16 +138,31 @@ def test_handoff_same_as_own_prefill_and_source_unaffected(default_model_path):
         dst2 = p.chat("reviewer", hist + [{"role": "user", "content": "Coder: which file changes first?"}],
                       max_tokens=N_GEN)
         assert p.stats()["totals"]["handoffs"] == 2
-    with MemoryPool(default_model_path, **opts(min_share_tokens=0)) as p:
+    with MemoryPool(model_path, **opts(min_share_tokens=0, kv_layout=layout)) as p:
         for aid in ("ref_dst", "ref_src"):
             p.chat(aid, first, max_tokens=16)
         ref_dst = p.chat("ref_dst", hist + [{"role": "user", "content": "Coder: which file changes first?"}],
                          max_tokens=N_GEN)
         ref_src = p.chat("ref_src", hist + [{"role": "user", "content": "Planner: what is the risk?"}],
                          max_tokens=N_GEN)
-    assert dst.tokens == ref_dst.tokens, (dst.text, ref_dst.text)
-    assert dst2.tokens == ref_dst.tokens, (dst2.text, ref_dst.text)
-    assert src.tokens == ref_src.tokens, (src.text, ref_src.text)
+    return [(dst.tokens, ref_dst.tokens, dst.text, ref_dst.text),
+            (dst2.tokens, ref_dst.tokens, dst2.text, ref_dst.text),
+            (src.tokens, ref_src.tokens, src.text, ref_src.text)]
+
+
+def test_handoff_same_as_own_prefill_and_source_unaffected(gemma_model_path):
+    """Per-sequence streams: a handed-off agent and its source continue bit for bit like
+    agents that decoded the same tokens themselves (Gemma only, as above)."""
+    for got, ref, text, ref_text in handoff(gemma_model_path, "per_sequence"):
+        assert got == ref, (text, ref_text)
+
+
+def test_handoff_in_a_unified_cache_within_the_measured_drift(default_model_path):
+    """A unified cache: the handed-off cells are shared, the agents' own cells sit at other
+    slots than the references' (regression, issue #36: asserted bitwise); equal up to the
+    measured drift."""
+    for got, ref, text, ref_text in handoff(default_model_path, "unified"):
+        assert within_unified_drift(ref, got), (text, ref_text)
 
 
 SECRETS = ["ZEBRA-4417", "MAPLE-9023", "COBALT-3361", "TULIP-5802"]
@@ -245,6 +287,7 @@ def test_join_from_parked_team_uses_the_parked_share(default_model_path):
     assert r.kv == "shared" and r.usage.cached_tokens >= n, (r.kv, r.usage)
 
 
+@pytest.mark.slow  # three pools of 8k context on each model: the longest test of the file (`make test-slow`)
 @pytest.mark.usefixtures("unified_kv_only")
 def test_parked_team_keeps_the_brief_once_and_continues_exactly(default_model_path, tmp_path):
     """Shared blocks on the real model: parked members store only their own cells.

@@ -5,7 +5,9 @@ layers only for the last window before its end; its checkpoint holds them as of 
 prompt end. A call that re-sends the reply cut short (2+ tokens before the KV's end) used
 to roll back to the prompt end; now the checkpoint and the reply's live cells give the
 window at the cut. These tests check the KV it continues from against a never-parked
-agent (byte for byte) and against a fresh prefill of the same tokens (logits, greedy reply).
+agent (byte for byte, and the same greedy reply) and against a fresh prefill of the same
+tokens (the same argmax, logits and next-token KL within the measured drift, the first
+greedy tokens equal).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from agentmem import MemoryPool
-from tests.fixtures.kv_probe import after_reconcile, first_logits
+from tests.fixtures.kv_probe import UNIFIED_MAX_KL, after_reconcile, first_logits, next_token_kl, within_unified_drift
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +24,7 @@ WORDS = "river stone lantern market orchard signal harbor ledger garden copper t
 NOTES = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(700))  # ~700 tokens: longer than the window
 FIRST = [{"role": "system", "content": f"You are agent 0. Your notes: {NOTES}"},
          {"role": "user", "content": "Question 1: which word comes first in your notes?"}]
-OPTS = dict(n_ctx=4096, resident_agents=1, n_threads=2, prefetch=False, min_share_tokens=0, batch_decode=False)
+OPTS = dict(n_ctx=4096, resident_agents=1, n_threads=1, prefetch=False, min_share_tokens=0, batch_decode=False)
 
 
 def test_a_restored_gemma_agent_continues_from_the_kv_of_a_fresh_prefill(gemma_model_path):
@@ -51,10 +53,15 @@ def test_a_restored_gemma_agent_continues_from_the_kv_of_a_fresh_prefill(gemma_m
     window = range(n_keep - 512 + 1, n_keep)
     assert all(rows[q] == rows_never[q] for q in window)  # the cells a never-parked agent continues from
     assert max(rows) == n_keep - 1
-    assert r2.tokens == never.tokens == fresh.tokens
+    # the restored agent continues bit for bit like the never-parked one (same cells, same slots, same calls)
     np.testing.assert_array_equal(logits[0], logits_never[0])
+    assert r2.tokens == never.tokens, (r2.text, never.text)
     # A fresh prefill decodes the reply's tokens in one batch, generation one at a time:
-    # llama.cpp's CPU kernels round those differently, by about as much as any reuse does.
+    # llama.cpp's CPU kernels round those differently, by about as much as any reuse does,
+    # so the greedy replies may part after a few tokens at a near-tie (regression, issue #36:
+    # `r2.tokens == fresh.tokens` was asserted and parted at token 9-16 by chance).
+    assert within_unified_drift(fresh.tokens, r2.tokens), (fresh.text, r2.text)
+    assert next_token_kl(logits_fresh[0], logits[0]) < UNIFIED_MAX_KL
     diff = float(np.abs(logits[0] - logits_fresh[0]).max())
     assert int(np.argmax(logits[0])) == int(np.argmax(logits_fresh[0]))
     assert diff < 0.05 * float(np.ptp(logits_fresh[0])), diff

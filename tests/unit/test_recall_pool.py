@@ -49,7 +49,7 @@ def test_a_paraphrase_recalls_the_evicted_span_after_a_restart(tiny_model_path: 
     archive = tmp_path / "agents.db"
     with open_pool(tiny_model_path, archive) as pool:
         pool.chat("a", conversation(), max_tokens=2)
-        assert any("vessel" in s.text for s in pool._core.recall_store.list_evicted("a")), "the fact was evicted"
+        assert any("vessel" in s.text for s in pool.engine()._core.recall_store.list_evicted("a")), "the fact was evicted"
         assert not any("vessel" in s.text for s in pool.recall("a", QUESTION, 3, mode="keyword"))
         assert "vessel" in pool.recall("a", QUESTION, 1)[0].text
         stats = pool.recall_stats()

@@ -58,7 +58,7 @@ class Served:
 @pytest.fixture(scope="session")
 def served(instruct_model_path: Path) -> Iterator[Served]:
     """`agentmem serve` defaults on the instruct model, for the whole client session."""
-    pool = MemoryPool(str(instruct_model_path), n_ctx=8192, resident_agents=4, n_threads=2)
+    pool = MemoryPool(str(instruct_model_path), n_ctx=8192, resident_agents=4, n_threads=1)
     try:
         app = create_app(pool, settings=ServerSettings(model_name=MODEL))
         with ServerThread(app) as srv:
