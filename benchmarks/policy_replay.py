@@ -46,9 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import agentmem  # noqa: E402,F401 - first: llama.cpp's libraries load before numpy (engine/native_first.py)
+import numpy as np  # noqa: E402
 
 from agentmem.codec import CodecSpec, decode_state, encoded_info  # noqa: E402
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel  # noqa: E402

@@ -240,6 +240,13 @@ class AgentOperations(HintRouting):
                 out.setdefault(k, v)
         return out
 
+    def agent_uses(self, prefix: str) -> dict[str, tuple[float, str]]:
+        """`ModelEngine.agent_uses` over every loaded model (an unloaded model's agents are idle in its archive)."""
+        out: dict[str, tuple[float, str]] = {}
+        for lease in self.each_loaded():
+            out.update(lease.pool.agent_uses(prefix))
+        return out
+
     def tenant_usage(self, prefix: str) -> TenantUsage:
         """The agents under `prefix` and the bytes of their parked states, over every model.
 

@@ -81,6 +81,14 @@ def recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str
         query: the text to search for (the latest message).
         k: spans at most (`0`: none).
     """
+    lease, model_of = getattr(pool, "lease", None), getattr(pool, "model_of", None)
+    if callable(lease) and callable(model_of):  # the one pool: the work runs on the agent's model's engine
+        with lease(model=model_of(agent_id)) as held:
+            return _recall_spans(held.pool, agent_id, query, k)
+    return _recall_spans(pool, agent_id, query, k)
+
+
+def _recall_spans(pool: Any, agent_id: str, query: str, k: int) -> list[tuple[str, Any]]:
     wanted = words(query)
     if not wanted or k == 0:
         return []

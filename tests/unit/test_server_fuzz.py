@@ -89,7 +89,7 @@ OPERATIONS = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("G
               ("DELETE", "/v1/responses/{response_id}"), ("GET", "/v1/responses/{response_id}/input_items"),
               ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
               ("POST", "/api/chat"), ("POST", "/api/generate"), ("GET", "/api/tags"), ("POST", "/api/show"),
-              ("GET", "/api/ps"), ("GET", "/api/version")]
+              ("GET", "/api/ps"), ("GET", "/api/version"), ("POST", "/v1/embeddings")]
 """The operations fuzzed (a test checks that the schema has no other one)."""
 
 
