@@ -174,6 +174,12 @@ class PoolConfig:
         recall_mode: how `MemoryPool.recall` ranks: `vector` (by meaning; the default,
             chosen on `benchmarks/recall.py`), `hybrid` (vectors and BM25, reciprocal
             rank fusion) or `keyword` (full-text search only).
+        recall_embed: when evicted spans are embedded: `recall` (the default: at the
+            agent's next recall, so a call that evicts pays nothing for it — embedding
+            with MiniLM in numpy costs tens of milliseconds of CPU per span, which
+            on the eviction path is the TTFT of the call; a pool that never recalls
+            never embeds) or `evict` (in the call that evicts, in the spans' own
+            transaction: the first recall is as fast as later ones).
     """
 
     model_path: str | None = None
@@ -213,6 +219,7 @@ class PoolConfig:
     tenants: tuple[str, ...] = ()
     recall_embedder: str = "auto"
     recall_mode: str = "vector"
+    recall_embed: str = "recall"
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -257,6 +264,8 @@ class PoolConfig:
         object.__setattr__(self, "n_gpu_layers", gpu)  # frozen: store the resolved count
         if self.recall_mode not in ("vector", "hybrid", "keyword"):
             raise ConfigError(f"recall_mode must be vector, hybrid or keyword, got {self.recall_mode!r}")
+        if self.recall_embed not in ("recall", "evict"):
+            raise ConfigError(f"recall_embed must be recall or evict, got {self.recall_embed!r}")
         if not isinstance(self.recall_embedder, str) or not self.recall_embedder:
             raise ConfigError(f"recall_embedder must be a name or a URL, got {self.recall_embedder!r}")
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple

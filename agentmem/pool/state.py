@@ -158,7 +158,8 @@ class PoolCore:
         self.tiers = tiers
         self.archive = archive
         self.recall_store = recall_store
-        self.recall = RecallIndex(recall_store, embedder=config.recall_embedder, mode=config.recall_mode)
+        self.recall = RecallIndex(recall_store, embedder=config.recall_embedder, mode=config.recall_mode,
+                                  eager=config.recall_embed == "evict")
         self.placement = placement
         self.fingerprint = fingerprint
         self.capacity = capacity

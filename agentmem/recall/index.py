@@ -1,8 +1,10 @@
 """The recall index of a pool: evicted text archived with its vectors, searched by meaning and by keyword.
 
 `RecallIndex` sits between the pool and its recall store (the archive, or a throwaway
-in-memory one). `add` embeds the evicted spans and hands spans and vectors to the
-archive in one call (one transaction). `search` ranks by one of three modes:
+in-memory one). `add` hands the evicted spans to the archive; an eager index
+(`PoolConfig.recall_embed="evict"`) embeds them first and writes spans and vectors in one
+transaction, a lazy one (the default) leaves the vectors to the agent's next search, so
+the call that evicts pays nothing for them. `search` ranks by one of three modes:
 
 * `"keyword"` — the archive's full-text search alone (FTS5 BM25 / `tsvector`), as before #34;
 * `"vector"` — cosine similarity of the query's embedding to the spans' (the default:
@@ -12,9 +14,10 @@ archive in one call (one transaction). `search` ranks by one of three modes:
 * `"hybrid"` — both lists fused by weighted reciprocal rank fusion (`fuse`), the
   keyword list counting only spans that share a significant word with the query.
 
-Spans archived without a vector (by an older agentmem, before an embedder was set,
-or while an embedding endpoint was down) are embedded on the next search of their
-agent (`backfill`), so recall by meaning also works on an archive written earlier.
+Spans archived without a vector (lazily, by an older agentmem, before an embedder was
+set, or while an embedding endpoint was down) are embedded on the next search of their
+agent (`backfill`, all of them, in batches), so recall by meaning also works on an
+archive written earlier.
 Without an embedder every mode is keyword search.
 """
 
@@ -77,14 +80,17 @@ class RecallIndex:
         embedder: an `Embedder`, or a `make_embedder` spec (`"auto"`, `"none"`, a URL, a callable).
         mode: the default of `search` (one of `RECALL_MODES`).
         min_similarity: vector hits below this cosine are dropped.
+        eager: embed spans as they are archived (`add`), in their transaction; else
+            (the default) on their agent's next `search`.
 
     Raises:
         ConfigError: an unknown mode or embedder spec.
     """
 
     def __init__(self, store: Any, *, embedder: Any = "auto", mode: str = "vector",
-                 min_similarity: float = MIN_SIMILARITY) -> None:
+                 min_similarity: float = MIN_SIMILARITY, eager: bool = False) -> None:
         self.store = store
+        self.eager = bool(eager)
         self.embedder: Embedder | None = make_embedder(embedder)
         self.mode = _check_mode(mode)
         self.min_similarity = float(min_similarity)
@@ -125,8 +131,8 @@ class RecallIndex:
         return vecs
 
     def add(self, agent_id: str, rows: Sequence[tuple[int, int, str, str]], *, fence: Any = None) -> list[int]:
-        """Archive evicted spans `(start, end, region, text)` of `agent_id` with their vectors, in one transaction."""
-        vecs = self._embed([r[3] for r in rows])
+        """Archive evicted spans `(start, end, region, text)` of `agent_id` (eager: with their vectors, in one transaction)."""
+        vecs = self._embed([r[3] for r in rows]) if self.eager else None
         extra: dict[str, Any] = {} if fence is None else {"fence": fence}
         if vecs is None:
             return self.store.add_evicted_spans(agent_id, rows, **extra)
@@ -167,7 +173,8 @@ class RecallIndex:
         try:
             if self.embedder is None or mode == "keyword":
                 return self.store.search_evicted(agent_id, query, k)
-            self.backfill(agent_id)
+            while self.backfill(agent_id) == BACKFILL_BATCH:
+                pass  # every span of the agent gets its vector before it is searched
             qv = self._embed([query])
             if qv is None:
                 return self.store.search_evicted(agent_id, query, k)

@@ -84,6 +84,24 @@ def test_without_embedder_every_mode_is_keyword_search() -> None:
         assert idx.snapshot()["embedder"] is None
 
 
+def test_a_lazy_index_embeds_nothing_on_add_and_everything_before_a_search() -> None:
+    """Eviction's cost (the default `recall_embed="recall"`): embedding with MiniLM on the
+    eviction path made a call that evicts 100x slower on the tiny model (58 s vs 0.25 s for
+    `test_eviction_pool`'s overflow test); the spans wait for their agent's next search."""
+    seen: list[int] = []
+
+    def counted(texts: list[str]) -> np.ndarray:
+        seen.append(len(texts))
+        return concept_vectors(texts)
+
+    with Archive(":memory:") as arc:
+        idx = RecallIndex(arc, embedder=FunctionEmbedder(counted, name="concepts"))
+        idx.add("a", SPANS)
+        assert seen == [] and len(arc.spans_without_vectors("a", model="concepts")) == len(SPANS)
+        assert "Nordlys" in idx.search("a", "Which boat carried the cargo?", 1)[0].text
+        assert arc.spans_without_vectors("a", model="concepts") == [] and seen == [len(SPANS), 1]
+
+
 def test_a_failing_embedder_archives_the_text_and_the_next_search_backfills() -> None:
     """An embedding endpoint that is down must not lose evicted text: spans go in without vectors."""
     calls = {"fail": True}
@@ -94,7 +112,7 @@ def test_a_failing_embedder_archives_the_text_and_the_next_search_backfills() ->
         return concept_vectors(texts)
 
     with Archive(":memory:") as arc:
-        idx = RecallIndex(arc, embedder=FunctionEmbedder(flaky, name="concepts"))
+        idx = RecallIndex(arc, embedder=FunctionEmbedder(flaky, name="concepts"), eager=True)
         idx.add("a", SPANS)
         assert len(arc.list_evicted("a")) == 4 and idx.counters["embed_errors"] == 1
         calls["fail"] = False
