@@ -169,7 +169,7 @@ p.vocab_only = sys.argv[4] != "full"
 m = ll.llama_model_load_from_file(sys.argv[2].encode(), p)
 if m:
     ll.llama_model_free(m)
-print("probe-loaded" if m else "probe-refused")
+sys.stdout.write("probe-loaded\n" if m else "probe-refused\n")  # the child process's answer to the parent
 """
 
 _probe_lock = threading.Lock()
