@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from agentmem.server.call_request import ChatCallRequest  # noqa: E402
 from agentmem.server.calls import StreamHolder, chat_call, read_reply  # noqa: E402
 from agentmem.server.schemas import ChatCompletionRequest  # noqa: E402
 from agentmem.server.settings import ServerSettings  # noqa: E402
@@ -18,9 +19,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 HERMES = get_tool_format("hermes")
 
 
-def request(choice: str = "auto") -> ChatCompletionRequest:
+def request(choice: str = "auto") -> ChatCallRequest:
     return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                 tools=[TOOL], tool_choice=choice)
+                                 tools=[TOOL], tool_choice=choice).to_call()
 
 
 def test_native_format_passes_tools_to_the_template_and_envelope_to_the_system_block() -> None:

@@ -160,7 +160,7 @@ def test_a_running_call_keeps_its_model_loaded_until_it_ends(tiny_model_path: Pa
         lease = eng.admit(who)  # what `bodies.json_body` and `serving.find_agent` do
         lease.then(target.release)
         await eng.admit_call(lease, target)
-        call = await eng.prepare_chat(target, ChatCompletionRequest.model_validate({"messages": HI}))
+        call = await eng.prepare_chat(target, ChatCompletionRequest.model_validate({"messages": HI}).to_call())
         events = eng.run(call, target)
         assert (await anext(events))[0] == "text" and team.tier.slots["llama"].uses == 1
         with pytest.raises(ModelBudgetError):
