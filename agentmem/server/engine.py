@@ -2,9 +2,11 @@
 
 Routes parse and answer HTTP; the engine runs calls and agent operations (`agent_ops`)
 on the engine of the request's model in the server's `MemoryPool` (`registry`),
-always off the event loop (worker threads), and counts what happened. A call finds its
-`Target` (`seat` for a named agent, `find_line` otherwise), then is `prepare_*`
-(validation, tools/JSON protocol, prompt-size limit), then `run`:
+always off the event loop (worker threads), and counts what happened. A call arrives as
+the request its front-end converted (`call_request.ChatCallRequest`, `CompletionCallRequest`:
+no API's wire type reaches the engine), finds its `Target` (`seat` for a named agent,
+`find_line` otherwise), then is `prepare_*` (the server's checks, tools/JSON protocol,
+prompt-size limit), then `run`:
 an async iterator of `("text", piece)` events ending with `("done", Outcome)`, the
 protocol of `agentmem.calls` driven on the event loop (`CallRunner.arun`).
 """

@@ -3,7 +3,9 @@
 Unknown request fields are ignored (as llama-server does), so newer clients that send
 `metadata`, `store` and the like keep working; fields agentmem cannot honour (`n > 1`,
 `logprobs`) are refused with a 400 by the route, naming the field. Extensions beyond
-OpenAI: `agent_id`, `top_k`, `min_p`, `repeat_penalty` (llama-server's names).
+OpenAI: `agent_id`, `top_k`, `min_p`, `repeat_penalty` (llama-server's names). A validated
+chat or completion body converts once into the engine's call request (`to_call`:
+`call_request.ChatCallRequest`, `CompletionCallRequest`).
 """
 
 from __future__ import annotations
