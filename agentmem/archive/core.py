@@ -105,6 +105,9 @@ class ArchiveCore(abc.ABC):
         """How span vectors are searched: `"exact-numpy"` here; the PostgreSQL archive may use pgvector."""
         return "exact-numpy"
 
+    def _ann_prepare(self, model: str, dim: int) -> None:
+        """Ready the ANN index of `model`'s `dim`-d vectors before a write transaction (nothing here)."""
+
     def _ann_write(self, db: Any, ids: Sequence[int], vectors: Any, model: str) -> None:
         """Index the vectors just written for `ids` (same transaction); nothing to do without an ANN index."""
 

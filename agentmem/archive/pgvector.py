@@ -87,6 +87,7 @@ class PgVectorMixin(ArchiveCore):
         if ann is None and not self.readonly:
             try:
                 with conn.transaction():
+                    self._setup_lock(conn, "extension")  # replicas starting together create it once
                     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             except self._DRIVER_ERRORS as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -102,11 +103,17 @@ class PgVectorMixin(ArchiveCore):
             if self.readonly:
                 return
             with conn.transaction():
+                self._setup_lock(conn, "column")
                 conn.execute(f"ALTER TABLE span_vectors ADD COLUMN IF NOT EXISTS embedding {ann.schema}.vector")
         self._ann = ann
         if not self.readonly:
             self._ann_backfill(conn)
         logger.info("%s: span vectors are searched with pgvector %s (HNSW)", self.path, ann.version)
+
+    def _setup_lock(self, conn: Any, what: str) -> None:
+        """Serialise a set-up step (`what`) of this schema across replicas until the transaction ends."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('agentmem pgvector ' || %s), hashtext(current_schema()))",
+                     [what])
 
     def _find_extension(self, conn: Any) -> _Ann | None:
         row = conn.execute(
@@ -148,6 +155,7 @@ class PgVectorMixin(ArchiveCore):
         from psycopg import sql
 
         s = self._ann.schema
+        self._setup_lock(conn, index_name(model, dim))  # two replicas' first vectors of a new embedder: one index
         conn.execute(sql.SQL(
             "CREATE INDEX IF NOT EXISTS {name} ON span_vectors USING hnsw "
             "((embedding::{s}.vector({dim})) {s}.vector_cosine_ops) WHERE model = {model}"
@@ -155,6 +163,21 @@ class PgVectorMixin(ArchiveCore):
                  model=sql.Literal(model)))
         self._ann_indexed.add((model, dim))
         self._ann_dims[model] = dim
+
+    def _ann_prepare(self, model: str, dim: int) -> None:
+        """Create `model`'s index in a transaction of its own, before the write that needs it.
+
+        Inside the write, `CREATE INDEX` (which waits for every open writer of the table)
+        and another replica's write (holding the table, waiting for the index's lock)
+        would deadlock. Inside a caller's `transaction` it is created there after all.
+        """
+        if self._ann is None or (model, dim) in self._ann_indexed or self.readonly:
+            return
+        with self._reading("create the pgvector index") as db:
+            if self._tx_depth:
+                return
+            with db.conn.transaction():
+                self._ann_index(db.conn, model, dim)
 
     def _ann_write(self, db: Any, ids: Sequence[int], vectors: np.ndarray, model: str) -> None:
         """Fill `embedding` of the rows just written to `vec` (same transaction)."""

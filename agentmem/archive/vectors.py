@@ -133,6 +133,7 @@ class VectorsMixin(ArchiveCore):
         _check_agent_id(agent_id)
         _check_text("model", model)
         mat = unit_rows(vectors, n=len(ids))
+        self._ann_prepare(model, int(mat.shape[1]))
         with self._writing("add_span_vectors", fence=fence, agent_id=agent_id) as db:
             rows = db.execute(
                 f"SELECT id FROM evicted_spans WHERE agent_id = ? AND id IN ({', '.join('?' * len(ids))})",

@@ -196,3 +196,33 @@ def test_recall_stats_name_the_path_and_count_the_hot_partitions(archive_target:
         stats = idx.snapshot()
     assert stats["vector_search"] == ("pgvector-hnsw" if backend == "pgvector" else "exact-numpy")
     assert (stats["hot_misses"], stats["hot_hits"], stats["hot_pinned"]) == (1, 1, 1)
+
+
+def test_replicas_opening_and_writing_together_set_pgvector_up_once(pgvector_url: str) -> None:
+    """Regression: replicas writing an embedder's first vectors together deadlocked (CREATE INDEX inside the write
+    waited for the other's open insert, which waited for the index's advisory lock); none may fail."""
+    import threading
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def replica(n: int) -> None:
+        try:
+            barrier.wait()
+            with open_archive(pgvector_url) as arc:
+                assert arc.vector_search == "pgvector-hnsw"
+                arc.add_evicted_spans(f"r{n}", _spans(3), vectors=_vectors(3, n), model="toy")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with open_archive(pgvector_url) as arc:
+        raw = raw_connection(arc)
+        named = raw.execute("SELECT count(*) FROM pg_indexes WHERE indexname = ?", [index_name("toy", DIM)])
+        assert named.fetchone()[0] == 1
+        assert raw.execute("SELECT count(*) FROM span_vectors WHERE embedding IS NOT NULL").fetchone()[0] == 12
