@@ -12,7 +12,8 @@ transaction), and each embedder gets a partial HNSW index on its own dimension:
 is one query, `ORDER BY embedding::vector(d) <=> $q LIMIT k`, with the agent (and
 tenant) filter in its `WHERE`: a stranger's span can never come back, whatever plan
 the server picks. `hnsw.iterative_scan = strict_order` (pgvector >= 0.8) lets the
-index scan go on until `k` rows pass that filter.
+index scan go on until `k` rows pass that filter; with an older pgvector a scan that
+returns fewer than `k` rows is redone exactly.
 
 Where the extension is absent and cannot be created (Debian's PostgreSQL, a role
 without the right), the archive logs it once at INFO and searches exactly as on
@@ -60,6 +61,11 @@ class _Ann:
 def _vec_text(row: np.ndarray) -> str:
     """pgvector's text input, `[x,y,...]`, each float32 exactly (`repr` of its float64 value)."""
     return "[" + ",".join(map(repr, row.astype(np.float64).tolist())) + "]"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """`"0.8.5"` as `(0, 8, 5)` (non-numeric parts as 0)."""
+    return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))
 
 
 def index_name(model: str, dim: int) -> str:
@@ -204,10 +210,14 @@ class PgVectorMixin(ArchiveCore):
         if dim != q.size:
             return None  # the exact path names the mismatch
         query, params = self.ann_query(agent_id, tenant, q, k, model)
+        iterative = _version(self._ann.version) >= (0, 8)
         with conn.transaction():
-            conn.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
-                         "set_config('hnsw.ef_search', %s, true)", [str(min(1000, max(40, k)))])
+            conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(min(1000, max(40, k)))])
+            if iterative:  # an older pgvector reserves the `hnsw.` prefix without this setting: setting it fails
+                conn.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
             rows = conn.execute(query, params).fetchall()
+        if not iterative and len(rows) < k:
+            return None  # the filter may have dropped rows the one scan found: search exactly
         return [(int(r[0]), float(r[1])) for r in rows]
 
     def ann_query(self, agent_id: str | None, tenant: str | None, q: np.ndarray, k: int,

@@ -81,6 +81,18 @@ def test_a_strangers_nearest_spans_never_come_back_through_hnsw(pg: ArchiveBase)
     assert {h.agent_id for h in pg.search_vectors(None, q, k=50, model="toy", tenant="team-a/")} == {"team-a/x"}
 
 
+def test_before_pgvector_0_8_a_short_filtered_scan_is_redone_exactly(pg: ArchiveBase) -> None:
+    """Without `hnsw.iterative_scan` (pgvector < 0.8) one index scan may leave fewer than `k` of the agent's rows."""
+    import dataclasses
+
+    pg._ann = dataclasses.replace(pg._ann, version="0.7.4")
+    q = _unit(_vectors(1, 4)[0])
+    pg.add_evicted_spans("team-b/x", _spans(400), vectors=q + 0.01 * _vectors(400, 5), model="toy")
+    mine = pg.add_evicted_spans("team-a/x", _spans(30), vectors=-q + 0.5 * _vectors(30, 6), model="toy")
+    hits = pg.search_vectors("team-a/x", q, k=20, model="toy")
+    assert len(hits) == 20 and {h.id for h in hits} <= set(mine)
+
+
 def test_without_pgvector_the_archive_falls_back_and_says_so_once(
     postgres_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
