@@ -33,7 +33,7 @@ from agentmem.engine.chat_format import (
     span_table,
 )
 from agentmem.engine.jinja_format import JinjaFormat
-from agentmem.engine.prompt_memo import Kept, RenderMemo, message_hashes, prefix_key
+from agentmem.engine.prompt_memo import Kept, RenderMemo, Sent
 from agentmem import validation as check
 from agentmem.errors import MessageError, PolicyError
 from agentmem.tools.formats import ToolFormat
@@ -172,8 +172,8 @@ class ChatRenderer:
         raw = list(messages)
         specs = normalize_tools(tools)
         seed = self._seed(tools)
-        hashes = message_hashes(raw) if seed is not None and self.memo.max_tokens else []
-        hit = self.memo.longest(seed, hashes) if hashes else None
+        sent = Sent(raw) if seed is not None and self.memo.max_tokens else None
+        hit = self.memo.longest(seed, sent) if sent is not None and sent.n else None
         n_hit = len(hit.messages) if hit is not None else 0
         if hit is not None and n_hit == len(raw) and not self.format.volatile:
             return hit.prompt
@@ -186,9 +186,8 @@ class ChatRenderer:
             bos="", eos="", controls=self._controls, tools=specs or None,
         )
         prompt, firsts = self._assemble(tail, hit, len(msgs))
-        if len(hashes) == len(raw):
-            key = prefix_key(seed, hashes, len(raw))
-            self.memo.keep(Kept(seed, key, hashes[-1], tuple(norm), prompt, firsts, tail.state))
+        if sent is not None and sent.n == len(raw):
+            self.memo.keep(Kept(seed, sent.body, sent.last, tuple(norm), prompt, firsts, tail.state))
             if hit is not None:
                 self.memo.discard(hit)  # the conversation went on: its shorter render is done with
         return prompt
