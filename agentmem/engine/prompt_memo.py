@@ -196,7 +196,7 @@ class RenderMemo:
 
     def keep(self, kept: Kept) -> None:
         """Remember `kept` in place of a record of the same conversation (least recently used go past `max_tokens`)."""
-        if not kept.messages or len(kept.prompt.tokens) > self.max_tokens:
+        if not kept.messages or len(kept.prompt) > self.max_tokens:
             return
         with self._lock:
             for old in self._where.get(kept.where, ()):
@@ -207,13 +207,13 @@ class RenderMemo:
             self._where.setdefault(kept.where, []).append(kept)
             n = len(kept.messages)
             self._lengths[n] = self._lengths.get(n, 0) + 1
-            self._tokens += len(kept.prompt.tokens)
+            self._tokens += len(kept.prompt)
             while self._tokens > self.max_tokens:
                 self._drop(next(iter(self._kept.values())))
 
     def _drop(self, kept: Kept) -> None:
         del self._kept[id(kept)]
-        self._tokens -= len(kept.prompt.tokens)
+        self._tokens -= len(kept.prompt)
         bucket = [k for k in self._where[kept.where] if k is not kept]
         if bucket:
             self._where[kept.where] = bucket
