@@ -289,9 +289,14 @@ def test_find_line_then_chat_renders_the_prompt_once(tiny_model_path):
         assert counter[0] == n
 
 
-def test_line_marks_from_the_arrays_match_the_spans():
+@pytest.mark.parametrize("tail", [256, 1, 2])
+def test_line_marks_from_the_arrays_match_the_spans(monkeypatch, tail):
     """`line_marks` reads the ledger's arrays instead of building every span (a lookup re-indexes its
-    agent on every call); it answers what the span walk answered, on random histories."""
+    agent on every call), from the end back in growing windows (issue 32: the whole ledger was read on
+    every lookup); it answers what the span walk answered, on random histories, whatever the window."""
+    from agentmem.pool import lines
+
+    monkeypatch.setattr(lines, "_TAIL", tail)
     from agentmem.engine.chat_format import Span
     from agentmem.memory.ledger import Ledger
     from agentmem.pool.lines import LINE_REGIONS, line_marks
