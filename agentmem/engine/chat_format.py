@@ -199,6 +199,15 @@ class RenderedPrompt:
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
+    def __getstate__(self) -> tuple[Any, ...]:  # pickle and copy: the value's fields, set back past __setattr__
+        return self.spans, self.ids, self.table, self._tokens
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        spans, ids, table, tokens = state
+        ids.flags.writeable = table.flags.writeable = False
+        for name, value in (("spans", spans), ("ids", ids), ("table", table), ("_tokens", tokens)):
+            object.__setattr__(self, name, value)
+
     def __repr__(self) -> str:
         return f"RenderedPrompt(tokens={self.tokens!r}, spans={self.spans!r})"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -244,6 +245,22 @@ def test_the_prompt_value_is_immutable(qwen2):
     assert isinstance(prompt, RenderedPrompt)
     with pytest.raises(dataclasses.FrozenInstanceError):
         prompt.tokens = []  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prompt.spans = []  # type: ignore[misc]
+
+
+def test_a_prompt_extending_a_kept_one_makes_its_token_list_when_read(qwen2):
+    """Issue 32: each call copied the kept token list into the new prompt value (11,500 ints at 400
+    messages). It now joins the kept arrays only; `tokens` is made from `ids` when read, and the value
+    still compares, copies and pickles as one with a token list."""
+    r, whole = ChatRenderer(qwen2), ChatRenderer(qwen2, memo_tokens=0)
+    msgs = conversation(random.Random(2), 12)
+    r.render(msgs[:10])
+    grown = r.render(msgs)
+    assert grown._tokens is None and len(grown) == len(grown.ids)
+    assert grown == whole.render(msgs) and grown.tokens == whole.render(msgs).tokens
+    for other in (copy.deepcopy(grown), pickle.loads(pickle.dumps(grown))):
+        assert other == grown and other.tokens == grown.tokens and not other.ids.flags.writeable
 
 
 def test_the_memo_keeps_at_most_its_token_budget(qwen2):
