@@ -14,8 +14,12 @@ For each call it counts the chat template's renders (`SandboxedTemplate.render`)
 tokenizer calls (`tokenize` + `tokenize_pieces`) and measures the wall time, and the
 host time: the CPU time of the calling thread less the CPU time spent in `llama_decode`
 (`LlamaContext._decode`, wrapped), so that other processes on a shared machine do not
-inflate it (medians over `--repeat` calls). Two templates: the tiny model's ChatML jinja
-template (`chatml`) and Qwen2.5's real template on the tiny `qwen2` model (`qwen2`);
+inflate it (medians over `--repeat` calls). The sizes are measured in turn, round after
+round (after a warm-up round), so a change in the machine's load reaches every size alike;
+in each round a size gets two calls and the second is measured (an anonymous call pays
+for re-indexing its own line, as in a conversation, not another size's). `msgs` is the
+history's length at the start; each round adds 4 messages to it. Two templates: the tiny model's ChatML jinja template (`chatml`) and Qwen2.5's
+real template on the tiny `qwen2` model (`qwen2`);
 `--templates instruct` runs the bundled Qwen2.5-Coder-0.5B-Instruct instead (its real
 tokenizer; its prefill of 400 messages takes minutes on a CPU).
 
@@ -127,26 +131,34 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
             path = build_tiny_gguf(Path(tmp) / "tiny-qwen2.gguf", arch="qwen2", chat_template=QWEN2_TEMPLATE)
         else:
             path = build_tiny_gguf(Path(tmp) / "tiny.gguf")
-        pool = MemoryPool(model=str(path), n_ctx=1 << 15, resident_agents=2, n_threads=1, n_batch=512)
+        # every size's agent stays resident: the sizes are measured in turn, call by call
+        pool = MemoryPool(model=str(path), n_ctx=1 << 16, resident_agents=len(sizes) + 1, n_threads=1, n_batch=512)
         try:
             counters = Counters(pool)
             for mode in ("named", "anonymous"):
+                runs = {}
                 for n in sizes:
                     tag = f"{mode[0]}{n}"
-                    agent = f"bench-{tag}"
-                    full = history(n + 2 * repeat, tag)
+                    full = history(n + 4 * (repeat + 1), tag)
                     first = n - 2 if full[n - 3]["role"] == "user" else n - 1
-                    one_call(pool, mode, agent, full[:first])  # the agent's KV and history, as a call before
-                    samples = []
-                    for r in range(repeat):
-                        msgs = full[: first + 2 * (r + 1)]
-                        counters.take()
-                        t0, c0 = time.perf_counter(), time.thread_time()
-                        res = one_call(pool, mode, agent, msgs)
-                        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-                        c = counters.take()
-                        host = cpu - c["decode_cpu"]
-                        samples.append((c["renders"], c["tokenize"], wall * 1e3, host * 1e3, len(msgs)))
+                    res = one_call(pool, mode, f"bench-{tag}", full[:first])  # the agent's KV and history
+                    runs[n] = (res.agent_id, full, first, [])
+                for r in range(repeat + 1):  # round 0 warms up
+                    for n in sizes:  # each size in turn: a call, then the measured call (it pays for its own
+                        agent, full, first, samples = runs[n]  # line index update, not another size's)
+                        for step in (1, 2):
+                            msgs = full[: first + 2 * (2 * r + step)]
+                            counters.take()
+                            t0, c0 = time.perf_counter(), time.thread_time()
+                            res = one_call(pool, mode, agent, msgs)
+                            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                            c = counters.take()
+                            agent = res.agent_id
+                        if r:
+                            samples.append((c["renders"], c["tokenize"], wall * 1e3, (cpu - c["decode_cpu"]) * 1e3))
+                        runs[n] = (agent, full, first, samples)
+                for n in sizes:
+                    agent, _, _, samples = runs[n]
                     rows.append({
                         "template": template, "mode": mode, "messages": n,
                         "renders": statistics.median(s[0] for s in samples),
@@ -155,7 +167,7 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
                         "host_ms": statistics.median(s[3] for s in samples),
                     })
                     logger.debug("%s", rows[-1])
-                    pool.forget(res.agent_id)
+                    pool.forget(agent)
         finally:
             pool.close()
     return rows
@@ -187,8 +199,10 @@ def table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None, ref_name
     lines = [head, "-" * len(head)]
     for r in rows:
         b = before.get((r["template"], r["mode"], r["messages"]))
-        cells = [f"{b[c]:>7.1f} → {r[c]:<6.1f}" if b else f"{r[c]:>16.1f}" for c in cols]
-        ratio = f" | {b['host_ms'] / max(r['host_ms'], 1e-9):>13.1f}x" if b else ""
+        digits = {"host_ms": 2}
+        cells = [f"{b[c]:>7.{digits.get(c, 1)}f} → {r[c]:<6.{digits.get(c, 1)}f}" if b
+                 else f"{r[c]:>16.{digits.get(c, 1)}f}" for c in cols]
+        ratio = f" | {b['host_ms'] / max(r['host_ms'], 1e-9):>13.2f}x" if b else ""
         lines.append(f"{r['template']:8} {r['mode']:9} {r['messages']:>5} | " + " | ".join(cells) + ratio)
     return "\n".join(lines)
 

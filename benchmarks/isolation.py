@@ -55,6 +55,7 @@ import numpy as np  # noqa: E402
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel  # noqa: E402
 
 from benchmarks._fidelity_prompts import build_prompts  # noqa: E402
+from benchmarks.fidelity import kl, log_softmax  # noqa: E402
 from benchmarks._report import load, md_table  # noqa: E402
 
 SCENARIOS = ["restored alone", "other slots", "beside another", "restored beside", "batched", "2 threads"]
@@ -64,18 +65,6 @@ FILLER_TEXT = (
     "cluster on Mondays, and the export suite has two flaky tests that nobody has fixed yet. Ana reviews "
     "every change to the audit table; releases ship on Thursdays unless the on-call engineer objects. "
 ) * 4
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x -= x.max()
-    x -= np.log(np.exp(x).sum())
-    return x
-
-
-def kl(lp_ref: np.ndarray, lp: np.ndarray) -> float:
-    """KL(ref || other) in nats from two log-probability vectors."""
-    return float(max(0.0, np.sum(np.exp(lp_ref) * (lp_ref - lp))))
 
 
 @dataclass

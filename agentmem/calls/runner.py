@@ -61,9 +61,9 @@ class CallRunner:
         assert reply.written_back is not None and plan.messages is not None
         want = self.pool.renderer.render(
             check.message_list([*plan.messages, {"role": "assistant", "content": reply.written_back}]), tools=plan.tools
-        ).tokens
+        ).ids
         held = self.pool.history_tokens(plan.agent_id)
-        return len(held) >= len(want) and list(held[: len(want)]) == list(want)
+        return len(held) >= len(want) and list(held[: len(want)]) == want.tolist()
 
     def _finished(self, plan: CallPlan, result: ChatResult | None) -> ChatResult:
         assert result is not None, "a finished stream has a result"

@@ -33,6 +33,7 @@ import abc
 import dataclasses
 import json
 import logging
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -139,32 +140,79 @@ class Span:
     pinned: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, eq=False)
 class RenderedPrompt:
     """Tokens of a prompt and the region spans covering them, in order: the prompt as a value.
 
     Built once per request by `agentmem.engine.renderer.ChatRenderer` and shared, never
     changed, by everything that reads it (the line lookup, admission, the turn); a new
-    prompt (a forced call's opening appended) is a new value.
+    prompt (a forced call's opening appended) is a new value. Two prompts are equal when
+    their tokens and spans are.
+
+    `RenderedPrompt(tokens, spans, ids=None, table=None)`: `tokens` may be None when `ids`
+    is given; the list is then made from `ids` the first time `tokens` is read. A render
+    that extends a kept one passes only arrays (joined in C), so a call whose history is
+    already rendered builds no per-token Python list; `len(prompt)`, `ids` and `spans` are
+    what the call path reads.
     """
 
-    tokens: list[int]
-    spans: list[Span] = field(default_factory=list)
+    spans: list[Span]
     #: the tokens as an int32 array (made from `tokens` unless given): lookups compare it without converting
-    ids: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    ids: np.ndarray = field(repr=False)
     #: the spans as rows `(start, end, region index in REGIONS, message)` (`span_table`; made unless given)
-    table: np.ndarray = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    table: np.ndarray = field(repr=False)
+    _tokens: list[int] | None = field(repr=False)
 
-    def __post_init__(self) -> None:
-        if self.ids is None:
-            object.__setattr__(self, "ids", np.asarray(self.tokens, dtype=np.int32))
-        if self.table is None:
-            object.__setattr__(self, "table", span_table(self.spans))
-        self.ids.flags.writeable = False
-        self.table.flags.writeable = False
+    def __init__(
+        self, tokens: list[int] | None, spans: list[Span] | None = None, ids: np.ndarray | None = None,
+        table: np.ndarray | None = None,
+    ) -> None:
+        if tokens is None and ids is None:
+            raise ValueError("RenderedPrompt needs tokens or ids")
+        spans = [] if spans is None else spans
+        ids = np.asarray(tokens, dtype=np.int32) if ids is None else ids
+        table = span_table(spans) if table is None else table
+        ids.flags.writeable = False
+        table.flags.writeable = False
+        for name, value in (("spans", spans), ("ids", ids), ("table", table), ("_tokens", tokens)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens as a list of ints (made from `ids` on first read when not given; do not change it)."""
+        toks = self._tokens
+        if toks is None:
+            toks = self.ids.tolist()
+            object.__setattr__(self, "_tokens", toks)
+        return toks
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RenderedPrompt):
+            return NotImplemented
+        return self.spans == other.spans and np.array_equal(self.ids, other.ids)
+
+    __hash__ = None  # type: ignore[assignment]  # a value with lists in it, like before
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getstate__(self) -> tuple[Any, ...]:  # pickle and copy: the value's fields, set back past __setattr__
+        return self.spans, self.ids, self.table, self._tokens
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        spans, ids, table, tokens = state
+        ids.flags.writeable = table.flags.writeable = False
+        for name, value in (("spans", spans), ("ids", ids), ("table", table), ("_tokens", tokens)):
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"RenderedPrompt(tokens={self.tokens!r}, spans={self.spans!r})"
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)

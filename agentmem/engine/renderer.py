@@ -33,7 +33,7 @@ from agentmem.engine.chat_format import (
     span_table,
 )
 from agentmem.engine.jinja_format import JinjaFormat
-from agentmem.engine.prompt_memo import Kept, RenderMemo, message_hashes, prefix_key
+from agentmem.engine.prompt_memo import Kept, RenderMemo, Sent
 from agentmem import validation as check
 from agentmem.errors import MessageError, PolicyError
 from agentmem.tools.formats import ToolFormat
@@ -172,8 +172,8 @@ class ChatRenderer:
         raw = list(messages)
         specs = normalize_tools(tools)
         seed = self._seed(tools)
-        hashes = message_hashes(raw) if seed is not None and self.memo.max_tokens else []
-        hit = self.memo.longest(seed, hashes) if hashes else None
+        sent = Sent(raw) if seed is not None and self.memo.max_tokens else None
+        hit = self.memo.longest(seed, sent) if sent is not None and sent.n else None
         n_hit = len(hit.messages) if hit is not None else 0
         if hit is not None and n_hit == len(raw) and not self.format.volatile:
             return hit.prompt
@@ -186,9 +186,8 @@ class ChatRenderer:
             bos="", eos="", controls=self._controls, tools=specs or None,
         )
         prompt, firsts = self._assemble(tail, hit, len(msgs))
-        if len(hashes) == len(raw):
-            key = prefix_key(seed, hashes, len(raw))
-            self.memo.keep(Kept(seed, key, hashes[-1], tuple(norm), prompt, firsts, tail.state))
+        if sent is not None and sent.n == len(raw):
+            self.memo.keep(Kept(seed, sent.body, sent.last, tuple(norm), prompt, firsts, tail.state))
             if hit is not None:
                 self.memo.discard(hit)  # the conversation went on: its shorter render is done with
         return prompt
@@ -203,15 +202,19 @@ class ChatRenderer:
     def _assemble(
         self, tail: TailRender, hit: Kept | None, n: int
     ) -> tuple[RenderedPrompt, tuple[tuple[int, int], ...]]:
-        """The prompt: the kept tokens and spans before message `tail.start`, then the new segments' tokens."""
+        """The prompt: the kept tokens and spans before message `tail.start`, then the new segments' tokens.
+
+        The new tokens, spans and message starts are built on their own and joined to the kept
+        ones in one copy each (C-level list, tuple and array concatenation: no pass over the history
+        in Python).
+        """
+        off, si, n_kept = 0, 0, 0
         tokens: list[int] = []
         spans: list[Span] = []
         firsts: list[tuple[int, int]] = []
-        kept = None
         if tail.start > 0 and hit is not None:
             off, si = hit.firsts[tail.start]
-            tokens, spans, firsts = hit.prompt.tokens[:off], hit.prompt.spans[:si], list(hit.firsts[: tail.start])
-            kept = hit.prompt.ids[:off]
+            n_kept = tail.start
         elif self.model.add_bos:
             tokens.append(self.model.bos)
             first = tail.segments[0] if tail.segments else None
@@ -220,18 +223,19 @@ class ChatRenderer:
             t = self._tok(s.parts)
             if not t:
                 continue
-            while len(firsts) <= s.message:
-                firsts.append((len(tokens), len(spans)))
-            spans.append(Span(len(tokens), len(tokens) + len(t), s.region, s.message, s.pinned))
+            while n_kept + len(firsts) <= s.message:
+                firsts.append((off + len(tokens), si + len(spans)))
+            spans.append(Span(off + len(tokens), off + len(tokens) + len(t), s.region, s.message, s.pinned))
             tokens.extend(t)
-        while len(firsts) < n:
-            firsts.append((len(tokens), len(spans)))
-        ids = table = None
-        if kept is not None and hit is not None:  # the kept arrays and the new rows: no pass over the history
-            ids = np.concatenate((kept, np.asarray(tokens[len(kept) :], dtype=np.int32)))
-            si = hit.firsts[tail.start][1]
-            table = np.concatenate((hit.prompt.table[:si], span_table(spans[si:])))
-        return RenderedPrompt(tokens, spans, ids, table), tuple(firsts)
+        while n_kept + len(firsts) < n:
+            firsts.append((off + len(tokens), si + len(spans)))
+        if not n_kept or hit is None:
+            return RenderedPrompt(tokens, spans), tuple(firsts)
+        kept = hit.prompt  # its arrays and the new rows: no pass over the history
+        ids = np.concatenate((kept.ids[:off], np.asarray(tokens, dtype=np.int32)))
+        table = np.concatenate((kept.table[:si], span_table(spans)))
+        prompt = RenderedPrompt(None, kept.spans[:si] + spans, ids, table)
+        return prompt, hit.firsts[:n_kept] + tuple(firsts)
 
     def render_text(self, text: str, *, region: str = "text") -> RenderedPrompt:
         """A raw prompt (no template): BOS (if the model wants it) + the text's tokens.

@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 
+import numpy as np
+
 from agentmem.engine.chat_format import RenderedPrompt, Span
 
 from agentmem.engine.sampling import Sampler, SamplingParams, TextAssembler
@@ -215,9 +217,10 @@ class CallCanon:
         if not isinstance(text, str) or not text:
             raise ConfigError(f"opening must be a non-empty string or None, got {text!r:.40}")
         toks = tuple(self._call_tokens(text, fmt.markers))
-        n = len(prompt.tokens)
+        n = len(prompt)
         spans = [*prompt.spans, Span(n, n + len(toks), "tool_call")]
-        return RenderedPrompt([*prompt.tokens, *toks], spans), Opening(text, toks, fmt)
+        ids = np.concatenate((prompt.ids, np.asarray(toks, dtype=np.int32)))
+        return RenderedPrompt(None, spans, ids), Opening(text, toks, fmt)
 
     def close_forced(
         self, a: AgentState, asm: TextAssembler, completion: list[int], op: Opening, params: SamplingParams,

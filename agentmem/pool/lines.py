@@ -73,7 +73,8 @@ __all__ = ["LINE_REGIONS", "Line", "LineIndex", "LineMethods", "line_marks"]
 
 #: regions of the messages a line key ends with (what a caller sends; never the model's reply)
 LINE_REGIONS = frozenset({"user", "tool_result", "text"})
-_LINE_CODES = np.array([REGIONS.index(r) for r in sorted(LINE_REGIONS)], dtype=np.uint8)
+_IS_LINE = np.array([r in LINE_REGIONS for r in REGIONS] + [False] * (256 - len(REGIONS)))  # by region code
+_TAIL = 256  # tokens `line_marks` reads first, from the end (then four times more, and so on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,16 +100,22 @@ def line_marks(ledger: Ledger) -> tuple[int, int] | None:
 
     `key_end`: the end of the last message in `LINE_REGIONS`; `prompt_end`: that plus the
     template's generation prompt right after it (the tokens before the reply). Read from the
-    ledger's arrays (no span objects built: a call's lookup re-indexes its agent).
+    ledger's arrays (no span objects built: a call's lookup re-indexes its agent), from the
+    end back in growing windows, so a history's length does not make it slower.
     """
     n = len(ledger)
     if n == 0:
         return None
     reg, msg = ledger.regions, ledger.messages
-    hits = np.flatnonzero((msg >= 0) & np.isin(reg, _LINE_CODES))
-    if hits.size == 0:
+    hi, width, last = n, _TAIL, -1
+    while hi > 0 and last < 0:  # from the end back: a history's last user message is near its end
+        lo = max(0, hi - width)
+        hits = np.flatnonzero((msg[lo:hi] >= 0) & _IS_LINE[reg[lo:hi]])
+        last = lo + int(hits[-1]) if hits.size else -1
+        hi, width = lo, width * 4
+    if last < 0:
         return None
-    end = int(hits[-1]) + 1  # the last such token ends its span: a token after it in the span would be one too
+    end = last + 1  # the last such token ends its span: a token after it in the span would be one too
     if end == n or msg[end] != -1:
         return end, end
     pin = ledger.pinned

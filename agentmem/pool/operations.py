@@ -8,7 +8,8 @@ pool lock; an agent that is generating is never parked, forgotten or committed u
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import agentmem.validation as check
 from agentmem.engine.chat_format import Message
@@ -46,27 +47,29 @@ class AgentMethods:
     storage_fault: str | None
     _check_open: Callable[[], None]  # the engine's method
 
-    @in_use
-    def forget(self, agent_id: str) -> None:
-        """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
+    @contextmanager
+    def _idle(self, agent_id: str, doing: str) -> Iterator[AgentState]:
+        """`agent_id`'s state under the pool lock, when nothing holds it (else `AgentBusyError` naming `doing`)."""
         self._check_open()
         core = self._core
         with core.lock:
             a = core.agent(agent_id)
             if a.held:
-                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot forget it now")
+                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot {doing} it now")
+            yield a
+
+    @in_use
+    def forget(self, agent_id: str) -> None:
+        """Drop everything kept for `agent_id` (sequence, parked states, ledger, archive rows)."""
+        with self._idle(agent_id, "forget") as a:
             self._mover.forget(a)
             self._hints.forget(agent_id)
 
     @in_use
     def park(self, agent_id: str, tier: str = WARM) -> None:
         """Move `agent_id`'s KV out of its live sequence into `tier` (`warm` or `cold`) now."""
-        self._check_open()
-        core = self._core
-        with core.lock:
-            a = core.agent(agent_id)
-            if a.held:
-                raise AgentBusyError(f"agent {agent_id!r} is {a.residence.hold}; cannot park it now")
+        with self._idle(agent_id, "park") as a:
+            core = self._core
             if tier not in core.tiers:
                 raise ConfigError(f"tier {tier!r} is not available; have {sorted(core.tiers)} (cold needs archive_path or archive_url)")
             current = core.where(a)[0]

@@ -99,9 +99,9 @@ class Sharing:
         """
         core = self.core
         n_min = core.config.min_share_tokens
-        if not n_min or len(prompt.tokens) <= n_min:
+        if not n_min or len(prompt) <= n_min:
             return 0
-        toks = np.asarray(prompt.tokens, dtype=np.int32)
+        toks = prompt.ids
         cands: dict[str, AgentState] = {}
         for x in core.agents.values():
             if x is a or x.held or not len(x.ledger) or not (x.seq is not None or x.tier in core.tiers):
@@ -139,7 +139,7 @@ class Sharing:
             return 0
         # the copied ledger carries the donor's regions; re-tag with this prompt's spans
         a.ledger.truncate(0)
-        a.ledger.extend(prompt.tokens[:n], prompt.spans)
+        a.ledger.extend(prompt.ids[:n], prompt.spans)
         core.totals["shared_prefix_hits"] += 1
         core.totals["shared_prefix_tokens"] += n
         logger.debug("agent %r starts from %d tokens of %r", a.id, n, donor_id)

@@ -84,7 +84,7 @@ class TurnRunner:
         if core.closed:
             raise PoolClosedError("the pool is closed")
         t0 = time.perf_counter()
-        a = self._admit(agent_id, len(prompt.tokens))
+        a = self._admit(agent_id, len(prompt))
         sampler: Sampler | None = None
         timings = Timings()
         generating = False
@@ -180,7 +180,7 @@ class TurnRunner:
     def _reconcile(self, a: AgentState, prompt: RenderedPrompt) -> int:
         """Keep the longest common prefix of `a`'s KV and `prompt`; returns the tokens kept."""
         assert a.kv is not None, f"{a.id=}"
-        return a.kv.cut(min(a.ledger.common_prefix(prompt.ids), len(prompt.tokens) - 1))
+        return a.kv.cut(min(a.ledger.common_prefix(prompt.ids), len(prompt) - 1))
 
     def _share(self, a: AgentState, prompt: RenderedPrompt, n_keep: int, timings: Timings) -> int:
         """For an agent with nothing kept: tokens taken from another agent's prefix (0: none)."""
@@ -197,7 +197,7 @@ class TurnRunner:
         """Decode the prompt's new tokens; the first sampled token (None without a sampler)."""
         core = self.core
         tp = time.perf_counter()
-        new = prompt.tokens[n_keep:]
+        new = prompt.ids[n_keep:].tolist()
         tok = self.decoder.prefill(a, new, prompt.spans, sampler, timings, cancel=cancel)
         a.prompt_end = (len(a.ledger), a.ledger.n_live)
         timings.prefill_s = time.perf_counter() - tp
@@ -253,7 +253,7 @@ class TurnRunner:
         timings.ttft_s = t_first - t0
         timings.decode_s = t_end - t_first
         timings.total_s = t_end - t0
-        n_prompt = len(prompt.tokens)
+        n_prompt = len(prompt)
         logger.debug(
             "agent %r: %s, prompt=%d cached=%d new=%d ttft=%.1fms",
             a.id, kv, n_prompt, n_keep, n_prompt - n_keep, 1e3 * timings.ttft_s,

@@ -6,7 +6,10 @@ incremental render to the whole render (`memo_tokens=0`) token for token and spa
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
+import pickle
 import random
 from pathlib import Path
 
@@ -15,10 +18,10 @@ import pytest
 
 from agentmem import MemoryPool
 from agentmem.engine import jinja_tail
-from agentmem.engine.chat_format import RenderedPrompt
+from agentmem.engine.chat_format import RenderedPrompt, normalize_messages
 from agentmem.engine.context import LlamaModel
 from agentmem.engine.jinja_locality import is_local
-from agentmem.engine.prompt_memo import RenderMemo
+from agentmem.engine.prompt_memo import RenderMemo, Sent
 from agentmem.engine.renderer import ChatRenderer
 from agentmem.errors import MessageError
 from tests.fixtures.tiny_gguf import CHATML_TEMPLATE, QWEN2_TEMPLATE, build_tiny_gguf
@@ -182,11 +185,82 @@ def test_validation_is_not_skipped_for_a_value_of_another_type(qwen2):
         r.render([*msgs, {"role": "user", "content": "c"}, {"role": "robot", "content": "d"}])
 
 
+def test_an_old_message_edited_by_the_client_is_detected(qwen2):
+    """The memo compares the old messages' bytes, not per-message hashes (issue 32): an edit anywhere in the
+    history, by one character, by the type of a nested value (`1` to `1.0`) or in place in the caller's own
+    objects after the call, gives the whole render of the edited conversation, never the kept one."""
+    inc, whole = ChatRenderer(qwen2), ChatRenderer(qwen2, memo_tokens=0)
+    msgs = conversation(random.Random(11), 30)
+    msgs[3] = {"role": "user", "content": [{"type": "text", "text": "part one"}]}
+    msgs[4] = {"role": "assistant", "content": "",
+               "tool_calls": [{"id": "c9", "function": {"name": "f", "arguments": {"x": 1}}}]}
+    msgs[5] = {"role": "tool", "tool_call_id": "c9", "content": "done"}
+    extra = [{"role": "assistant", "content": "next"}, {"role": "user", "content": "go on"}]
+
+    def edited(k: int, change) -> list[dict]:
+        out = copy.deepcopy(msgs) + extra
+        change(out[k])
+        return out
+
+    edits = [
+        edited(1, lambda m: m.update(content=m["content"] + ".")),
+        edited(4, lambda m: m["tool_calls"][0]["function"]["arguments"].update(x=1.0)),
+        edited(4, lambda m: m["tool_calls"][0]["function"]["arguments"].update(x=True)),
+        edited(0, lambda m: m.update(role="user")),
+    ]
+    for conv in edits:
+        inc.render(msgs)
+        assert inc.render(conv) == whole.render(conv)
+    inc.render(msgs)
+    msgs[3]["content"][0]["text"] = "part two"  # the caller's own object, changed after the call
+    assert inc.render(msgs + extra) == whole.render(msgs + extra)
+
+
+def test_equal_messages_built_differently_match_the_kept_render(qwen2):
+    """Messages parsed from JSON, copied, or holding the caller's own shared strings are the same
+    bytes (`marshal` format 2 writes no back-references by identity), so each call reuses the kept
+    render; `Message` values among the dicts are compared by their keys and reused too."""
+    r = ChatRenderer(qwen2)
+    counter = renders_of(r)
+    text = "shared " * 3
+    msgs = [{"role": "system", "content": text}] + conversation(random.Random(5), 20)
+    msgs[6] = {"role": "user", "content": text}
+    r.render(msgs)
+    for same in (json.loads(json.dumps(msgs)), copy.deepcopy(msgs), [dict(m) for m in msgs]):
+        counter[0] = 0
+        r.render(same)
+        assert counter[0] == 0
+    assert Sent(msgs).body == Sent(json.loads(json.dumps(msgs))).body
+    mixed = [*msgs[:-1], *normalize_messages(msgs[-1:])]
+    whole = ChatRenderer(qwen2, memo_tokens=0)
+    assert r.render(mixed) == whole.render(mixed)
+    counter[0] = 0
+    grown = [*mixed, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+    assert r.render(grown) == whole.render(grown)
+    assert 0 < counter[0] <= 12
+
+
 def test_the_prompt_value_is_immutable(qwen2):
     prompt = ChatRenderer(qwen2).render([{"role": "user", "content": "hi"}])
     assert isinstance(prompt, RenderedPrompt)
     with pytest.raises(dataclasses.FrozenInstanceError):
         prompt.tokens = []  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prompt.spans = []  # type: ignore[misc]
+
+
+def test_a_prompt_extending_a_kept_one_makes_its_token_list_when_read(qwen2):
+    """Issue 32: each call copied the kept token list into the new prompt value (11,500 ints at 400
+    messages). It now joins the kept arrays only; `tokens` is made from `ids` when read, and the value
+    still compares, copies and pickles as one with a token list."""
+    r, whole = ChatRenderer(qwen2), ChatRenderer(qwen2, memo_tokens=0)
+    msgs = conversation(random.Random(2), 12)
+    r.render(msgs[:10])
+    grown = r.render(msgs)
+    assert grown._tokens is None and len(grown) == len(grown.ids)
+    assert grown == whole.render(msgs) and grown.tokens == whole.render(msgs).tokens
+    for other in (copy.deepcopy(grown), pickle.loads(pickle.dumps(grown))):
+        assert other == grown and other.tokens == grown.tokens and not other.ids.flags.writeable
 
 
 def test_the_memo_keeps_at_most_its_token_budget(qwen2):
@@ -232,9 +306,14 @@ def test_find_line_then_chat_renders_the_prompt_once(tiny_model_path):
         assert counter[0] == n
 
 
-def test_line_marks_from_the_arrays_match_the_spans():
+@pytest.mark.parametrize("tail", [256, 1, 2])
+def test_line_marks_from_the_arrays_match_the_spans(monkeypatch, tail):
     """`line_marks` reads the ledger's arrays instead of building every span (a lookup re-indexes its
-    agent on every call); it answers what the span walk answered, on random histories."""
+    agent on every call), from the end back in growing windows (issue 32: the whole ledger was read on
+    every lookup); it answers what the span walk answered, on random histories, whatever the window."""
+    from agentmem.pool import lines
+
+    monkeypatch.setattr(lines, "_TAIL", tail)
     from agentmem.engine.chat_format import Span
     from agentmem.memory.ledger import Ledger
     from agentmem.pool.lines import LINE_REGIONS, line_marks
