@@ -56,18 +56,26 @@ FLAG = 1.15  # after/before beyond this (time; its inverse for rates) is flagged
 
 @dataclass(frozen=True)
 class Bench:
-    """One benchmark: its script (relative to a tree), its quick arguments and the flag naming its JSON file."""
+    """One benchmark: its script (relative to a tree), its quick arguments and the flag naming its JSON file.
+
+    `head_script`: the script is this tree's, run against each tree's library (it is newer than the ref);
+    otherwise each tree runs its own copy.
+    """
 
     name: str
     script: str
     args: tuple[str, ...]
     out_flag: str
+    head_script: bool = False
 
 
 BENCHES: dict[str, Bench] = {b.name: b for b in (
     Bench("switch", "benchmarks/switch.py",
           ("--variants", "agentmem,resident", "--agents", "4", "--history-tokens", "600", "--rounds", "2",
            "--max-tokens", "4", "--threads", "1"), "--out"),
+    Bench("switch-cpu", "benchmarks/switch_cpu.py",
+          ("--agents", "4", "--history-tokens", "600", "--rounds", "3", "--max-tokens", "4", "--threads", "1"),
+          "--out", head_script=True),
     Bench("sharing", "benchmarks/sharing.py",
           ("--quick", "--doc-tokens", "800", "--gen-tokens", "24", "--threads", "1"), "--out"),
     Bench("serve", "benchmarks/serve_load.py",
@@ -105,6 +113,17 @@ def parse_switch(d: dict[str, Any]) -> list[Metric]:
         Metric("KV source per call, all resident", json.dumps(r["kv"], sort_keys=True), "check"),
         Metric("restores / parks", f"{a['restores']} / {a['parks']}", "check"),
     ]
+
+
+def parse_switch_cpu(d: dict[str, Any]) -> list[Metric]:
+    """`benchmarks/switch_cpu.py`: CPU ms of one call (the process's clock), switching and all resident."""
+    out: list[Metric] = []
+    for name, label in (("switching", "park/restore per switch"), ("resident", "all resident")):
+        r = d["results"][name]
+        out += [Metric(f"CPU per call, {label} (ms)", r["cpu_ms"], "time"),
+                Metric(f"TTFT median, {label} (ms)", r["ttft_ms"], "time"),
+                Metric(f"KV source per call, {label}", json.dumps(r["kv"], sort_keys=True), "check")]
+    return out
 
 
 def parse_sharing(d: dict[str, Any]) -> list[Metric]:
@@ -165,7 +184,7 @@ def parse_apps(d: dict[str, Any]) -> list[Metric]:
 
 
 PARSERS: dict[str, Callable[[dict[str, Any]], list[Metric]]] = {
-    "switch": parse_switch, "sharing": parse_sharing, "serve": parse_serve, "apps": parse_apps,
+    "switch": parse_switch, "switch-cpu": parse_switch_cpu, "sharing": parse_sharing, "serve": parse_serve, "apps": parse_apps,
 }
 
 
@@ -199,7 +218,8 @@ def rows(runs: Runs) -> list[list[str]]:
         kind, b, a = runs.kinds[(bench, name)], vals["before"], vals["after"]
         if kind == "check":
             seen_b, seen_a = sorted({str(x) for x in b}), sorted({str(x) for x in a})
-            verdict = "same" if seen_b == seen_a and len(seen_b) == 1 else "DIFFERS" if seen_b and seen_a else "-"
+            verdict = "-" if not (seen_b and seen_a) else "DIFFERS" if seen_b != seen_a else \
+                "same" if len(seen_b) == 1 else "same values (each varies run to run)"
             out.append([bench, name, " / ".join(seen_b) or "-", " / ".join(seen_a) or "-", verdict])
             continue
         mb, ma = _num(b), _num(a)
@@ -221,9 +241,14 @@ def env_for(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'integrations'}", "AGENTMEM_THREADS": "1"}
 
 
+def script(tree: Path, bench: Bench) -> Path:
+    """The script that measures `tree`: this tree's when `bench.head_script`, else `tree`'s own copy."""
+    return (ROOT if bench.head_script else tree) / bench.script
+
+
 def unaccepted(tree: Path, bench: Bench) -> list[str]:
-    """The flags of `bench` (and its output flag) that `tree`'s copy of the script does not list in `--help`."""
-    res = subprocess.run([sys.executable, str(tree / bench.script), "--help"], capture_output=True, text=True,
+    """The flags of `bench` (and its output flag) that the script measuring `tree` does not list in `--help`."""
+    res = subprocess.run([sys.executable, str(script(tree, bench)), "--help"], capture_output=True, text=True,
                          env=env_for(tree), cwd=tree, timeout=300)
     flags = [a for a in (*bench.args, bench.out_flag) if a.startswith("--")]
     return [f for f in flags if f not in res.stdout]
@@ -231,7 +256,7 @@ def unaccepted(tree: Path, bench: Bench) -> list[str]:
 
 def run_one(tree: Path, bench: Bench, out: Path, log: Path, timeout_s: float) -> tuple[dict[str, Any] | None, float]:
     """`bench` on `tree` in a subprocess; its JSON results (None on failure, the log says why) and wall seconds."""
-    cmd = [sys.executable, str(tree / bench.script), *bench.args, bench.out_flag, str(out)]
+    cmd = [sys.executable, str(script(tree, bench)), *bench.args, bench.out_flag, str(out)]
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     with log.open("w") as f:
