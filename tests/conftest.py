@@ -7,7 +7,8 @@ Fixtures:
     tiny_qwen2_path: a 2-layer ``qwen2`` GGUF (q/k/v biases, no sliding window) with
         Qwen2.5's real jinja chat template, tools included (session scope).
     postgres_server, postgres_url: a real PostgreSQL server for the session and an
-        empty schema per test (``tests/fixtures/postgres.py``).
+        empty schema per test (``tests/fixtures/postgres.py``); pgvector_server,
+        pgvector_url: the same with the pgvector extension.
     backend, archive_target, arc: an archive test run over SQLite and PostgreSQL
         (``tests/fixtures/archives.py``).
     tiny_model_pools, model_team: two tiny-model pools and a fake ``ModelPool`` over them
@@ -37,6 +38,7 @@ if str(_REPO_ROOT) not in sys.path:
 import agentmem  # noqa: E402,F401 - first: llama.cpp's libraries before numpy (agentmem/engine/native_first.py)
 from tests.fixtures.archives import arc, archive_target, backend  # noqa: E402,F401 - the archive contract fixtures
 from tests.fixtures.postgres import postgres_server, postgres_url  # noqa: E402,F401 - a real PostgreSQL server
+from tests.fixtures.postgres import pgvector_server, pgvector_url  # noqa: E402,F401 - and one with pgvector
 from tests.fixtures.model_pools import tiny_model_pools, model_team  # noqa: E402,F401 - a fake ModelPool, tiny pools
 from tests.fixtures.tiny_gguf import QWEN2_TEMPLATE, build_tiny_gguf  # noqa: E402
 from tests.fixtures import gpu_lane  # noqa: E402

@@ -24,6 +24,9 @@ tokens that decide which replica may write an agent.
 * `agents` reads and writes agent records and token ledgers.
 * `states` reads and writes KV states and their sliding-window checkpoints.
 * `events` keeps the event log and the evicted text with its full-text search.
+* `vectors` keeps the evicted spans' embeddings and searches them by cosine, through
+  `hotvectors` (the vectors of recent and pinned agents in RAM) and, on PostgreSQL,
+  `pgvector` (an HNSW index where the database has the extension; exact otherwise).
 * `blocks` keeps shared KV blocks and their reference counts.
 * `leases` keeps agent leases (owner, fencing token, expiry) and their log.
 * `store` composes those into the public `Archive` (SQLite) and `PostgresArchive`,

@@ -183,6 +183,7 @@ class AgentsMixin(ArchiveCore):
         with self._writing("delete_agent", fence=fence, agent_id=agent_id) as db:
             db.execute("DELETE FROM events WHERE agent_id = ?", [agent_id])
             cur = db.execute("DELETE FROM agents WHERE id = ?", [agent_id])
+            self._vectors_changed(agent_id)  # its spans and their vectors went with it (ON DELETE CASCADE)
             return cur.rowcount > 0
 
     # ------------------------------------------------------------------ ledgers

@@ -80,6 +80,8 @@ class ArchiveCore(abc.ABC):
     _FOR_UPDATE: ClassVar[str] = ""
     _FOR_SHARE: ClassVar[str] = ""
     _PRIORITY_DEFAULT: ClassVar[Any] = 0
+    _SHARED_WRITERS: ClassVar[bool] = False
+    """Whether other processes may write the same archive (PostgreSQL): RAM caches then check before trusting."""
 
     # ------------------------------------------------------------------ backend hooks
 
@@ -98,6 +100,24 @@ class ArchiveCore(abc.ABC):
     @abc.abstractmethod
     def _search(self, db: Any, agent_id: str | None, terms: list[str], k: int) -> list[Sequence[Any]]:
         """Full-text search of evicted text: the best `k` rows for `terms`."""
+
+    def _ann_path(self) -> str:
+        """How span vectors are searched: `"exact-numpy"` here; the PostgreSQL archive may use pgvector."""
+        return "exact-numpy"
+
+    def _ann_prepare(self, model: str, dim: int) -> None:
+        """Ready the ANN index of `model`'s `dim`-d vectors before a write transaction (nothing here)."""
+
+    def _ann_write(self, db: Any, ids: Sequence[int], vectors: Any, model: str) -> None:
+        """Index the vectors just written for `ids` (same transaction); nothing to do without an ANN index."""
+
+    def _ann_search(self, db: Any, agent_id: str | None, tenant: str | None, q: Any, k: int,
+                    model: str) -> list[tuple[int, float]] | None:
+        """`(span_id, cosine)` of the nearest vectors from an ANN index, or `None`: search exactly."""
+        return None
+
+    def _vectors_changed(self, agent_id: str) -> None:
+        """`agent_id`'s span vectors changed or are gone: drop what RAM holds of them (`VectorsMixin`)."""
 
     def _span_text_in(self, text: str) -> str:
         """Evicted text as the backend stores it (unchanged unless the backend cannot hold a character)."""

@@ -147,6 +147,8 @@ class EventsMixin(VectorsMixin):
             rows.append((start, end, region, self._span_text_in(text)))
         now = time.time()
         ids: list[int] = []
+        if mat is not None:
+            self._ann_prepare(model or "", int(mat.shape[1]))
         with self._writing("add_evicted_spans", fence=fence, agent_id=agent_id) as db:
             self._touch_agent(db, agent_id, now)
             for start, end, region, text in rows:

@@ -5,7 +5,9 @@ schema (`pg_schema`) under an advisory lock so replicas starting together
 migrate once, and fills in the hooks of `ArchiveCore`: `?` placeholders become
 psycopg's `%s`, transactions are psycopg transactions (savepoints when nested),
 row locks are `FOR UPDATE` / `FOR SHARE`, the lease clock is the server's
-`clock_timestamp()`, and evicted text is searched with a `tsvector`.
+`clock_timestamp()`, evicted text is searched with a `tsvector`, and span
+vectors with pgvector's HNSW index where the database has the extension
+(`PgVectorMixin`; exact numpy search where it has not).
 
 Concurrency: unlike the SQLite file, many processes (replicas) may open one
 database at once; each `PostgresArchive` holds one connection, used by one
@@ -34,6 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from agentmem.archive import schema
 from agentmem.archive.core import ArchiveCore
 from agentmem.archive.pg_schema import PG_MIGRATIONS
+from agentmem.archive.pgvector import PgVectorMixin
 from agentmem.archive.values import SPAN_COLUMNS
 from agentmem.errors import ArchiveError
 
@@ -89,7 +92,7 @@ class _PgDB:
         return self.conn.execute(_pg_sql(sql), list(params), binary=True)
 
 
-class PostgresConnection(ArchiveCore):
+class PostgresConnection(PgVectorMixin, ArchiveCore):
     """The open database under a `PostgresArchive`: connection, schema and the PostgreSQL hooks.
 
     Not used on its own: `PostgresArchive` (in `agentmem.archive.store`) adds the
@@ -99,6 +102,7 @@ class PostgresConnection(ArchiveCore):
     _FOR_UPDATE: ClassVar[str] = " FOR UPDATE"
     _FOR_SHARE: ClassVar[str] = " FOR SHARE"
     _PRIORITY_DEFAULT: ClassVar[Any] = "0"
+    _SHARED_WRITERS: ClassVar[bool] = True
 
     def __init__(
         self, url: str, *, readonly: bool = False, connect_timeout_s: float = 10.0, application_name: str = "agentmem"
@@ -165,6 +169,8 @@ class PostgresConnection(ArchiveCore):
             version = self._read_version(db)
             if schema.needs_migration(self.path, version, readonly=self.readonly):
                 version = self._migrate(db, schema.SCHEMA_VERSION)
+            self._schema_version = version
+            self._open_ann(self._conn)
         except self._DRIVER_ERRORS as exc:
             raise ArchiveError(f"{self.path}: cannot open the schema: {exc}") from exc
         self._schema_version = version

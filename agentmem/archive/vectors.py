@@ -6,11 +6,19 @@ vectors of two embedders never meet in one search. `add_evicted_spans(..., vecto
 writes them in the span's own transaction; `add_span_vectors` fills in spans archived
 without one (an older file, an embedder configured later).
 
-The search is exact: the agent's (or tenant's) vectors are selected in SQL, the cosine
-is one numpy matrix product, and the best rows are read back. Neither `sqlite-vec`
-(Python's `sqlite3` here is built without extension loading) nor pgvector (Debian
-bookworm ships none) is needed; a few thousand spans per agent take well under a
-millisecond to score (`benchmarks/recall.py` measures it).
+Three paths, best first (`vector_search` names the archive's, `vector_stats` counts them):
+
+* a hot partition: the agent's vectors already in RAM (`HotVectors`, recent and pinned
+  agents, byte-bounded LRU, dropped on every write and on `delete_agent`), scored in
+  numpy with no vector read from the database; a cold agent's are read once and kept;
+* pgvector's HNSW index on a PostgreSQL archive whose database has the extension
+  (`agentmem.archive.pgvector`), for a tenant-wide search or an agent too big for RAM;
+* exact: the agent's (or tenant's) vectors selected in SQL and scored in one numpy
+  matrix product. Neither `sqlite-vec` (Python's `sqlite3` here is built without
+  extension loading) nor pgvector is needed; a few thousand spans per agent take
+  well under a millisecond to score (`benchmarks/recall.py` measures it).
+
+Every path filters by agent and tenant in SQL (a hot partition holds one agent's rows).
 
 >>> import numpy as np
 >>> from agentmem.archive import Archive
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from agentmem.archive.core import ArchiveCore
+from agentmem.archive.hotvectors import HotVectors
 from agentmem.archive.records import EvictedSpan, Lease
 from agentmem.archive.values import SPAN_COLUMNS, _check_agent_id, _check_count, _check_text
 from agentmem.errors import ConfigError
@@ -82,6 +91,34 @@ class VectorsMixin(ArchiveCore):
                 "ON CONFLICT(span_id) DO UPDATE SET model = excluded.model, vec = excluded.vec",
                 [int(span_id), agent_id, model, row.tobytes()],
             )
+        self._ann_write(db, ids, vectors, model)
+        self._vectors_changed(agent_id)
+
+    def _vectors_changed(self, agent_id: str) -> None:
+        self.hot_vectors.invalidate(agent_id)
+
+    @property
+    def hot_vectors(self) -> HotVectors:
+        """The hot partitions in RAM (created on first use; `resize(max_bytes=0)` turns them off)."""
+        hot = self.__dict__.get("_hot_vectors")
+        if hot is None:
+            hot = self.__dict__.setdefault("_hot_vectors", HotVectors())
+        return hot
+
+    @property
+    def vector_search(self) -> str:
+        """How span vectors are searched beyond RAM: `"pgvector-hnsw"` or `"exact-numpy"`."""
+        return self._ann_path()
+
+    def pin_vectors(self, agent_id: str, pinned: bool = True) -> None:
+        """Keep `agent_id`'s vectors in RAM ahead of other agents' once searched (`pinned=False` unpins)."""
+        _check_agent_id(agent_id)
+        self.hot_vectors.pin(agent_id, pinned)
+
+    def vector_stats(self) -> dict[str, Any]:
+        """`vector_search` (the path) and the hot partitions' `hot_hits`, `hot_misses`, `hot_bytes`, ..."""
+        return {"vector_search": self.vector_search,
+                **{f"hot_{key}": value for key, value in self.hot_vectors.stats().items()}}
 
     def add_span_vectors(
         self, agent_id: str, ids: Sequence[int], vectors: Any, *, model: str, fence: Lease | None = None
@@ -96,6 +133,7 @@ class VectorsMixin(ArchiveCore):
         _check_agent_id(agent_id)
         _check_text("model", model)
         mat = unit_rows(vectors, n=len(ids))
+        self._ann_prepare(model, int(mat.shape[1]))
         with self._writing("add_span_vectors", fence=fence, agent_id=agent_id) as db:
             rows = db.execute(
                 f"SELECT id FROM evicted_spans WHERE agent_id = ? AND id IN ({', '.join('?' * len(ids))})",
@@ -146,26 +184,66 @@ class VectorsMixin(ArchiveCore):
         k = _check_count("k", k)
         q = unit_rows(vector, n=1, field="vector")[0]
         scope, params = _scope_sql(agent_id, tenant)
-        if k == 0:
+        if k == 0 or (agent_id is not None and tenant and not agent_id.startswith(tenant)):
             return []
         with self._reading("search_vectors") as db:
-            rows = db.execute(f"SELECT v.span_id, v.vec FROM span_vectors v WHERE v.model = ?{scope}",
-                              [model, *params]).fetchall()
-            if not rows:
+            scored = None if agent_id is None else self._search_hot(db, agent_id, q, k, model)
+            if scored is None:
+                scored = self._ann_search(db, agent_id, tenant, q, k, model)
+            if scored is None:
+                rows = db.execute(f"SELECT v.span_id, v.vec FROM span_vectors v WHERE v.model = ?{scope}",
+                                  [model, *params]).fetchall()
+                scored = _top([int(r[0]) for r in rows], _matrix(rows, q.size, model), q, k)
+            scored = [(i, sim) for i, sim in scored if sim >= min_similarity]
+            if not scored:
                 return []
-            blobs = [bytes(r[1]) for r in rows]
-            if any(len(b) != 4 * q.size for b in blobs):
-                raise ConfigError(f"vectors of {model!r} in the archive are not {q.size}-d like the query")
-            mat = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(rows), q.size)
-            sims = mat @ q
-            top = np.argsort(-sims, kind="stable")[:k]
-            top = [i for i in top if sims[i] >= min_similarity]
-            if not top:
-                return []
-            ids = [int(rows[i][0]) for i in top]
+            ids = [i for i, _ in scored]
             by_id = {
                 int(r[0]): r for r in db.execute(
                     f"SELECT {SPAN_COLUMNS} FROM evicted_spans s WHERE s.id IN ({', '.join('?' * len(ids))})", ids
                 ).fetchall()
             }
-        return [EvictedSpan(*by_id[i], score=float(sims[j])) for i, j in zip(ids, top) if i in by_id]
+        return [EvictedSpan(*by_id[i], score=sim) for i, sim in scored if i in by_id]
+
+    def _search_hot(self, db: Any, agent_id: str, q: np.ndarray, k: int, model: str) -> list[tuple[int, float]] | None:
+        """The agent's best `k` from its partition in RAM (read and kept on a miss); `None` when it does not fit."""
+        hot = self.hot_vectors
+        if hot.max_bytes == 0:
+            return None
+        token = None
+        if self._SHARED_WRITERS:  # another replica may have written the agent's vectors since they were cached
+            count, last = db.execute("SELECT count(*), coalesce(max(v.span_id), 0) FROM span_vectors v "
+                                     "WHERE v.model = ? AND v.agent_id = ?", [model, agent_id]).fetchone()
+            token = (int(count), int(last))
+        part = hot.get(agent_id, model, token=token)
+        if part is None:
+            if token is None:
+                (count,) = db.execute("SELECT count(*) FROM span_vectors v WHERE v.model = ? AND v.agent_id = ?",
+                                      [model, agent_id]).fetchone()
+            if 4 * (q.size + 2) * int(count) > hot.max_bytes:
+                return None
+            rows = db.execute("SELECT v.span_id, v.vec FROM span_vectors v WHERE v.model = ? AND v.agent_id = ? "
+                              "ORDER BY v.span_id", [model, agent_id]).fetchall()
+            ids, mat = np.array([int(r[0]) for r in rows], dtype=np.int64), _matrix(rows, q.size, model)
+            if not self._tx_depth:  # rows a rollback may yet undo are not cached
+                hot.put(agent_id, model, ids, mat, token=token)
+            return _top(ids.tolist(), mat, q, k)
+        if part.matrix.shape[1] != q.size:
+            raise ConfigError(f"vectors of {model!r} in the archive are not {q.size}-d like the query")
+        return _top(part.ids.tolist(), part.matrix, q, k)
+
+
+def _matrix(rows: Sequence[Any], dim: int, model: str) -> np.ndarray:
+    """The `(span_id, vec)` rows' blobs as an `n x dim` float32 matrix."""
+    blobs = [bytes(r[1]) for r in rows]
+    if any(len(b) != 4 * dim for b in blobs):
+        raise ConfigError(f"vectors of {model!r} in the archive are not {dim}-d like the query")
+    return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(rows), dim)
+
+
+def _top(ids: Sequence[int], mat: np.ndarray, q: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """`(span_id, cosine)` of the `k` rows of `mat` nearest `q`, best first (ties: the earlier row)."""
+    if not len(ids):
+        return []
+    sims = mat @ q
+    return [(int(ids[i]), float(sims[i])) for i in np.argsort(-sims, kind="stable")[:k]]

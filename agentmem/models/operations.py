@@ -20,6 +20,7 @@ from agentmem.memory.shared import HandoffCard
 from agentmem.memory.tiers import WARM
 from agentmem.models.hinting import HintRouting
 from agentmem.models.listing import ArchivedAgents
+from agentmem.models.pool_stats import merged
 from agentmem.pool.lines import Line
 from agentmem.pool.tenants import TenantScope, TenantUsage
 from agentmem.tools.formats import ToolFormat
@@ -204,18 +205,16 @@ class AgentOperations(HintRouting):
         return list(out)
 
     def stats(self) -> dict[str, Any]:
-        """Where every agent's KV lives and what the pool did.
+        """Where every agent's KV lives and what the pool did: one shape for one model or many.
 
-        A pool of one: its engine's `ModelEngine.stats()` (`agents`, `tiers`, `totals`,
-        `shared`, `hints`) plus `models`. A pool of many: `{"models": [...models()],
-        "pools": {name: ModelEngine.stats() of each loaded model}, "budget": {...},
-        "agents": n bound, "workflow": {...}}`.
+        `agents`, `tiers`, `totals`, `shared` and `hints` pool-wide (as `ModelEngine.stats()`
+        has them; merged over the loaded models, each agent tagged with its `model`, see
+        `agentmem.models.pool_stats`), plus `models` (`models()`), `pools` (each loaded model's
+        `ModelEngine.stats()`), `budget` and `workflow`.
         """
         models: list[dict[str, Any]] = self.models()  # type: ignore[attr-defined]
         pools = {lease.name: lease.pool.stats() for lease in self.each_loaded()}
-        if len(self.names) == 1:
-            return {**pools.get(self.default, {}), "models": models}
-        return {"models": models, "pools": pools, "agents": len(self.bindings),
+        return {**merged(pools), "models": models, "pools": pools,
                 "budget": {"ram_budget_bytes": self.tier.ram_budget, "vram_budget_bytes": self.tier.vram_budget,
                            "policy": self.tier.policy.name},
                 "workflow": self.workflow.stats()}

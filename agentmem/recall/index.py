@@ -19,6 +19,11 @@ set, or while an embedding endpoint was down) are embedded on the next search of
 agent (`backfill`, all of them, in batches), so recall by meaning also works on an
 archive written earlier.
 Without an embedder every mode is keyword search.
+
+The store keeps the vectors of recently searched and pinned (`pin`) agents in RAM (hot
+partitions, `agentmem.archive.hotvectors`); beyond them a PostgreSQL archive searches
+through pgvector's HNSW index where the database has the extension (`snapshot()` names
+the path and counts the hot partitions' hits and misses).
 """
 
 from __future__ import annotations
@@ -106,10 +111,20 @@ class RecallIndex:
             self.mode = _check_mode(mode)
 
     def snapshot(self) -> dict[str, Any]:
-        """The counters (a copy), the embedder's name and the mode."""
+        """The counters (a copy), the embedder's name, the mode, and the store's vector path and hot
+        partitions (`vector_search`: `"pgvector-hnsw"` or `"exact-numpy"`; `hot_hits`, `hot_misses`,
+        `hot_bytes`, ...: `Archive.vector_stats`)."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-        return {**out, "embedder": self.embedder.name if self.embedder else None, "mode": self.mode}
+        stats = getattr(self.store, "vector_stats", None)
+        extra = stats() if callable(stats) else {}
+        return {**out, **extra, "embedder": self.embedder.name if self.embedder else None, "mode": self.mode}
+
+    def pin(self, agent_id: str, pinned: bool = True) -> None:
+        """Keep `agent_id`'s vectors in RAM ahead of other agents' (`pinned=False` unpins); see `HotVectors`."""
+        pin = getattr(self.store, "pin_vectors", None)
+        if callable(pin):
+            pin(agent_id, pinned)
 
     def _count(self, **inc: float) -> None:
         with self._lock:

@@ -8,8 +8,9 @@ A thin adapter over one `MemoryPool`, of one model or several (llama.cpp
 `identity.py` finds the agent of a request (header, `user`, `agent_id`) and checks its scope.
 `http_errors.py` maps agentmem's exceptions to OpenAI-shaped 4xx answers.
 `schemas.py` holds the typed request bodies in the OpenAI shapes.
+`call_request.py` holds what one call asks of the engine (`ChatCallRequest`): every front-end converts to it once.
 `bodies.py` admits a request, then decodes and validates its body in a worker thread (`json_body`).
-`calls.py` turns a request into a pool call with agentmem's tool-call protocol and reads the reply.
+`calls.py` turns a call request into a pool call with agentmem's tool-call protocol and reads the reply.
 `queue.py` admits requests (429), orders the calls of one agent and runs pool streams in threads.
 `lifecycle.py` parks and forgets anonymous conversations by policy (idle times, a per-key LRU cap).
 `idempotency.py` keeps answers for retries that send `Idempotency-Key` / `X-Request-Id`.
@@ -21,11 +22,11 @@ A thin adapter over one `MemoryPool`, of one model or several (llama.cpp
 `deps.py` holds the FastAPI dependencies (engine, principal).
 `serving.py` is what every front-end shares: agent resolution, admission, disconnect watching, SSE.
 `openai_routes.py` serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
-`responses_schemas.py` reads a Responses API request and turns it into a chat-completions request.
+`responses_schemas.py` reads a Responses API request and turns it into the engine's chat request.
 `responses_store.py` keeps stored responses per tenant scope, LRU-bounded by count and bytes.
 `responses_api.py` serves the OpenAI Responses API (`/v1/responses`: create, streaming events, get, delete).
 `wire_errors.py` gives a router's errors another API's shape (Anthropic's, Ollama's).
-`anthropic_schemas.py` holds the Anthropic Messages bodies and translates them to the chat request.
+`anthropic_schemas.py` holds the Anthropic Messages bodies and translates them to the engine's chat request.
 `anthropic_responses.py` builds Anthropic `message` bodies, stream events and error bodies.
 `anthropic_routes.py` serves `/v1/messages` and `/v1/messages/count_tokens`.
 `ollama_schemas.py` holds the Ollama bodies and translates them to the chat or completion request.

@@ -1,6 +1,6 @@
 """The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-A Messages request is translated to the internal chat request (`anthropic_schemas`),
+A validated Messages request is converted once to the engine's chat request (`anthropic_schemas`),
 then served like a chat completion (`serving.respond`: the same agent resolution, pool,
 tool formats and streaming), and answered in Anthropic's shapes (`anthropic_responses`):
 a `message` object or its event stream, errors as `{"type": "error", "error": {...}}`.
@@ -23,12 +23,12 @@ from fastapi import APIRouter, Depends, Request
 from agentmem.server import anthropic_responses as A
 from agentmem.server.anthropic_schemas import CountTokensRequest, MessagesRequest, to_chat_request
 from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.call_request import ChatCallRequest
 from agentmem.server.deps import engine
 from agentmem.server.engine import Engine, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
-from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 
@@ -67,7 +67,7 @@ async def messages(
 
 
 async def _messages(eng: Engine, lease: Lease, request: Request, req: MessagesRequest,
-                    chat: ChatCompletionRequest) -> Any:
+                    chat: ChatCallRequest) -> Any:
     target = await find_agent(eng, lease, request, chat, end_user_name="metadata.user_id",
                               end_user_field=req.metadata.user_id if req.metadata is not None else None)
     msg_id = A.new_id("msg")

@@ -1,11 +1,12 @@
-"""Anthropic Messages request bodies, and their translation to the internal chat request.
+"""Anthropic Messages request bodies, and their translation to the engine's chat request.
 
 `POST /v1/messages` takes Anthropic's shape: a top-level `system` (text or text
 blocks), `messages` of `user`/`assistant` turns whose content is text or blocks (`text`,
 `tool_use`, `tool_result`), `tools` with `input_schema`, `tool_choice` as
 `{"type": "auto" | "any" | "tool" | "none"}`, a required `max_tokens`, `stop_sequences`.
-`to_chat_request` turns it into the `ChatCompletionRequest` every front-end runs, so the
-pool, the tool formats and the identity rules are the ones chat completions uses:
+`to_chat_request` turns the validated body into the `call_request.ChatCallRequest` every
+front-end runs (no second validation), so the pool, the tool formats and the identity rules
+are the ones chat completions uses:
 
 * a `tool_result` block becomes a `tool` message (its `tool_use_id` the call id), a
   `tool_use` block an assistant `tool_calls` entry (its `input` the JSON arguments);
@@ -25,10 +26,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
+from agentmem.server.call_request import ChatCallRequest, FunctionTool, OutputFormat, Sampling
 from agentmem.server.http_errors import ApiError
-from agentmem.server.schemas import ChatCompletionRequest, Json, Text, _Body
+from agentmem.server.schemas import Json, Text, _Body
 
 __all__ = ["AnthropicTool", "CountTokensRequest", "MessageParam", "MessagesRequest", "to_chat_request"]
 
@@ -127,7 +129,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
-    """A `tool_use` block as an OpenAI `tool_calls` entry."""
+    """A `tool_use` block as a `tool_calls` entry of the pool's messages."""
     call_id, name, args = block.get("id"), block.get("name"), block.get("input", {})
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.id", "must be a non-empty string")
@@ -140,7 +142,7 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _turn(i: int, msg: MessageParam) -> list[dict[str, Any]]:
-    """One Anthropic turn as OpenAI messages: tool results become `tool` messages, in order."""
+    """One Anthropic turn as the pool's messages: tool results become `tool` messages, in order."""
     if isinstance(msg.content, str):
         return [{"role": msg.role, "content": msg.content}]
     out: list[dict[str, Any]] = []
@@ -176,7 +178,7 @@ def _turn(i: int, msg: MessageParam) -> list[dict[str, Any]]:
 
 
 def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
-    """OpenAI's `tool_choice` and `parallel_tool_calls` for Anthropic's `tool_choice`.
+    """The call request's `tool_choice` and `parallel_tool_calls` for Anthropic's `tool_choice`.
 
     Several calls in one reply are allowed only when the model chooses freely (`auto`, the
     default) and `disable_parallel_tool_use` is not set: a forced choice (`any`, `tool`)
@@ -201,8 +203,8 @@ def _tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
     raise _bad("tool_choice.type", f"must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
 
 
-def _output_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`output_config.format` as OpenAI's `response_format`."""
+def _output_format(config: dict[str, Any] | None) -> OutputFormat | None:
+    """`output_config.format`: a reply of the JSON schema."""
     fmt = (config or {}).get("format")
     if fmt is None:
         return None
@@ -210,17 +212,22 @@ def _output_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
         raise _bad("output_config.format.type", "must be 'json_schema'")
     if not isinstance(fmt.get("schema"), dict):
         raise _bad("output_config.format.schema", "must be a JSON schema object")
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    return OutputFormat(kind="json_schema", schema=fmt["schema"], field="output_config.format.schema")
 
 
-def _tools(tools: list[AnthropicTool] | None) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    for i, t in enumerate(tools):
+def _tools(tools: list[AnthropicTool] | None) -> tuple[FunctionTool, ...]:
+    for i, t in enumerate(tools or ()):
         if t.type not in (None, "custom"):
             raise _bad(f"tools[{i}].type", f"server tool {t.type!r} is not supported; send client tools")
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.input_schema}} for t in tools]
+    return tuple(FunctionTool(name=t.name, description=t.description or "", parameters=t.input_schema,
+                              field=f"tools[{i}].input_schema") for i, t in enumerate(tools or ()))
+
+
+def _stops(stops: list[str] | None) -> tuple[str, ...]:
+    for i, stop in enumerate(stops or ()):
+        if not stop:
+            raise _bad(f"stop_sequences[{i}]", "must be a non-empty string")
+    return tuple(stops or ())
 
 
 def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
@@ -234,8 +241,11 @@ def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     return msgs
 
 
-def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    """The internal chat request of an Anthropic request (a count_tokens body gets `max_tokens` 0).
+def to_chat_request(req: CountTokensRequest) -> ChatCallRequest:
+    """The engine's chat request of a validated Anthropic body (a count_tokens body gets `max_tokens` 0).
+
+    The body was validated once, as a `MessagesRequest` or `CountTokensRequest`; what its
+    blocks hold is checked here, each error naming the Anthropic field.
 
     Raises:
         ApiError: 400 naming the field that cannot be translated.
@@ -244,17 +254,10 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     names = [t.name for t in req.tools or []]
     if isinstance(choice, dict) and choice["function"]["name"] not in names:
         raise _bad("tool_choice.name", f"{choice['function']['name']!r} is not one of the tools {names}")
-    body: dict[str, Any] = {
-        "messages": _messages(req), "tools": _tools(req.tools), "tool_choice": choice,
-        "parallel_tool_calls": parallel, "agent_id": req.agent_id, "max_tokens": 0, "model": req.model,
-    }
-    if isinstance(req, MessagesRequest):
-        body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                    stop=req.stop_sequences or None, stream=req.stream,
-                    response_format=_output_format(req.output_config))
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None}, strict=False)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(x) for x in first.get("loc", ())) or "messages"
-        raise _bad(field, str(first.get("msg", "invalid value"))) from None
+    common: dict[str, Any] = {"messages": tuple(_messages(req)), "tools": _tools(req.tools), "tool_choice": choice,
+                              "parallel_tool_calls": parallel, "agent_id": req.agent_id, "model": req.model}
+    if not isinstance(req, MessagesRequest):
+        return ChatCallRequest(sampling=Sampling(max_tokens=0), **common)
+    sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                        stop=_stops(req.stop_sequences))
+    return ChatCallRequest(sampling=sampling, stream=req.stream, output=_output_format(req.output_config), **common)

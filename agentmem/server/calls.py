@@ -1,4 +1,4 @@
-"""OpenAI request bodies → `CallPlan`s, and the protocol's replies → OpenAI replies.
+"""Call requests → `CallPlan`s, and the protocol's replies → OpenAI replies.
 
 The tool-call protocol itself is `agentmem.calls`, the same for every front-end: tools
 shown whatever `tool_choice` is (the agent's prompt prefix and its KV stay stable), a
@@ -6,8 +6,9 @@ forced choice decoded under the format's grammar, `auto` in one decode under the
 grammar (free text until a call opens; `--decode-strategy free_then_forced`: free, then one
 forced retry of a broken call), `none` shown and not called, a native call written back into the KV as the
 template renders it, `response_format` under a JSON grammar (`agentmem.calls.planning`).
-This module only reads OpenAI's fields into it (`chat_call`, `completion_call`, with their
-checks naming the field) and writes its reading in OpenAI's shape (`Reply`, `read_reply`).
+This module only reads a front-end's converted request (`call_request.ChatCallRequest`,
+`CompletionCallRequest`) into it (`chat_call`, `completion_call`, with the server's checks
+naming the field) and writes its reading in OpenAI's shape (`Reply`, `read_reply`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from agentmem.calls import CallPlan, StreamGate, plan_chat
 from agentmem.calls import Reply as CoreReply
 from agentmem.calls import read_reply as read_core_reply
 from agentmem.errors import ConfigError
-from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from agentmem.server.call_request import CallRequest, ChatCallRequest, CompletionCallRequest, OutputFormat
 from agentmem.server.settings import ServerSettings
 from agentmem.tools import ParsedCall, ToolFormat, clean_schema, get_tool_format, new_call_id
 from agentmem.tools.limits import check_schema
@@ -87,52 +88,48 @@ def normalize_tool_choice(choice: str | Mapping[str, Any] | None, names: Sequenc
     )
 
 
-def _response_schema(fmt: ResponseFormat) -> dict[str, Any] | None:
-    if fmt.type == "json_object":
+def _response_schema(fmt: OutputFormat) -> dict[str, Any] | None:
+    if fmt.kind == "json_object":
         return None
-    schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
-    if not isinstance(schema, dict):
-        raise ConfigError("response_format.json_schema.schema must be a JSON schema object")
-    check_schema(schema, field="response_format.json_schema.schema")  # before anything walks it
+    if not isinstance(fmt.schema, Mapping):
+        raise ConfigError(f"{fmt.field} must be a JSON schema object")
+    schema = dict(fmt.schema)
+    check_schema(schema, field=fmt.field)  # before anything walks it
     return schema
 
 
-def _sampling(req: ChatCompletionRequest | CompletionRequest, settings: ServerSettings) -> dict[str, Any]:
+def _sampling(req: CallRequest, settings: ServerSettings) -> dict[str, Any]:
     if req.n != 1:
         raise ConfigError(f"n must be 1 (one choice per call), got {req.n}")
     if req.logprobs:
         raise ConfigError("logprobs are not supported")
-    max_tokens = getattr(req, "max_completion_tokens", None)
-    if max_tokens is None:
-        max_tokens = req.max_tokens
-    if max_tokens is None:
-        max_tokens = settings.default_max_tokens
+    s = req.sampling
+    max_tokens = settings.default_max_tokens if s.max_tokens is None else s.max_tokens
     if max_tokens > settings.max_tokens_limit:
         raise ConfigError(f"max_tokens must be <= {settings.max_tokens_limit} on this server, got {max_tokens}")
-    out: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0 if req.temperature is None else req.temperature}
-    if req.stop:
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-        if any(not s for s in stops):
+    out: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0 if s.temperature is None else s.temperature}
+    if s.stop:
+        if any(not stop for stop in s.stop):
             raise ConfigError("stop strings must be non-empty")
-        out["stop"] = stops
+        out["stop"] = list(s.stop)
     for name in ("top_p", "top_k", "min_p", "repeat_penalty", "seed"):
-        value = getattr(req, name)
+        value = getattr(s, name)
         if value is not None:
             out[name] = value
     return out
 
 
-def _tool_specs(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def _tool_specs(req: ChatCallRequest) -> list[dict[str, Any]]:
     """The request's tools as `{"name", "description", "parameters"}` (schemas checked and cleaned).
 
     Raises:
-        ConfigError: a bad schema, or two tools of one name.
+        ConfigError: a bad schema (naming the front-end's field), or two tools of one name.
     """
     specs = [
-        {"name": t.function.name, "description": t.function.description or "",
-         "parameters": clean_schema(t.function.parameters or {"type": "object", "properties": {}},
-                                    field=f"tools[{i}].function.parameters")}
-        for i, t in enumerate(req.tools or [])
+        {"name": t.name, "description": t.description,
+         "parameters": clean_schema(dict(t.parameters) if t.parameters else {"type": "object", "properties": {}},
+                                    field=t.field)}
+        for t in req.tools
     ]
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
@@ -140,14 +137,12 @@ def _tool_specs(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return specs
 
 
-def chat_call(
-    agent_id: str, req: ChatCompletionRequest, settings: ServerSettings, fmt: ToolFormat | None = None
-) -> PoolCall:
-    """The pool call of a chat request (tools, `tool_choice`, `response_format` applied; `agentmem.calls.plan_chat`).
+def chat_call(agent_id: str, req: ChatCallRequest, settings: ServerSettings, fmt: ToolFormat | None = None) -> PoolCall:
+    """The pool call of a chat request (tools, `tool_choice`, the JSON reply applied; `agentmem.calls.plan_chat`).
 
     Args:
         agent_id: the agent.
-        req: the request body.
+        req: the request, as its front-end converted it.
         settings: the server settings (token limits).
         fmt: the model's tool-call syntax (`MemoryPool.tool_format`; default: the envelope).
 
@@ -156,26 +151,26 @@ def chat_call(
     """
     sampling = _sampling(req, settings)
     specs = _tool_specs(req)
-    rf = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
+    rf = req.output
     choice = normalize_tool_choice(req.tool_choice, [s["name"] for s in specs]) if specs else "auto"
     if not specs and req.tool_choice not in (None, "auto", "none"):
         raise ConfigError(f"tool_choice {req.tool_choice!r} needs tools")
     if specs and rf is not None and choice != "none":
         raise ConfigError("tools and response_format cannot be used together (unless tool_choice is 'none')")
     schema = _response_schema(rf) if rf is not None else None
-    return plan_chat(agent_id, [m.to_pool() for m in req.messages], sampling,
+    return plan_chat(agent_id, [dict(m) for m in req.messages], sampling,
                      fmt if fmt is not None else get_tool_format("envelope"), tools=specs, choice=choice,
-                     parallel=bool(req.parallel_tool_calls), json_reply=rf is not None, schema=schema, sort_keys=True)
+                     parallel=req.parallel_tool_calls, json_reply=rf is not None, schema=schema, sort_keys=True)
 
 
-def completion_call(agent_id: str, req: CompletionRequest, settings: ServerSettings) -> PoolCall:
+def completion_call(agent_id: str, req: CompletionCallRequest, settings: ServerSettings) -> PoolCall:
     """The pool call of a raw completion request.
 
     Raises:
         ConfigError: a list of several prompts, `echo`, or a bad sampling value.
     """
     prompt = req.prompt
-    if isinstance(prompt, list):
+    if not isinstance(prompt, str):
         if len(prompt) != 1:
             raise ConfigError(f"prompt must be one string (one agent per call), got a list of {len(prompt)}")
         prompt = prompt[0]

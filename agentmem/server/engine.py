@@ -2,9 +2,11 @@
 
 Routes parse and answer HTTP; the engine runs calls and agent operations (`agent_ops`)
 on the engine of the request's model in the server's `MemoryPool` (`registry`),
-always off the event loop (worker threads), and counts what happened. A call finds its
-`Target` (`seat` for a named agent, `find_line` otherwise), then is `prepare_*`
-(validation, tools/JSON protocol, prompt-size limit), then `run`:
+always off the event loop (worker threads), and counts what happened. A call arrives as
+the request its front-end converted (`call_request.ChatCallRequest`, `CompletionCallRequest`:
+no API's wire type reaches the engine), finds its `Target` (`seat` for a named agent,
+`find_line` otherwise), then is `prepare_*` (the server's checks, tools/JSON protocol,
+prompt-size limit), then `run`:
 an async iterator of `("text", piece)` events ending with `("done", Outcome)`, the
 protocol of `agentmem.calls` driven on the event loop (`CallRunner.arun`).
 """
@@ -28,6 +30,7 @@ from agentmem.pool import ChatResult, ModelEngine
 from agentmem.pool.lines import Line
 from agentmem.server.agent_ops import AgentOps
 from agentmem.server.auth import LOCAL, Principal, key_space
+from agentmem.server.call_request import CallRequest, ChatCallRequest, CompletionCallRequest
 from agentmem.server.calls import PoolCall, Reply, chat_call, completion_call
 from agentmem.server.http_errors import ApiError
 from agentmem.server.lifecycle import Lifecycle
@@ -35,7 +38,6 @@ from agentmem.server.metrics import ServerMetrics, note_model
 from agentmem.server.queue import AgentQueue, Lease
 from agentmem.server.quotas import Quotas
 from agentmem.server.registry import Models, Target
-from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 from agentmem.server.settings import ServerSettings
 
 __all__ = ["Engine", "Event", "Outcome"]
@@ -248,7 +250,7 @@ class Engine(AgentOps):
         note_model(seat.name)
         return Target(agent_id, seat)
 
-    async def find_line(self, principal: Principal, req: ChatCompletionRequest | CompletionRequest,
+    async def find_line(self, principal: Principal, req: CallRequest,
                         model: str | None = None, *, space: str | None = None) -> Target:
         """The agent of a request that names none (`--anonymous lines`): the conversation it continues, or a new one.
 
@@ -270,15 +272,15 @@ class Engine(AgentOps):
             raise
         return Target(line.agent_id, seat, line)
 
-    def _lookup(self, req: ChatCompletionRequest | CompletionRequest, pool: MemoryPool, scope: str) -> Any:
+    def _lookup(self, req: CallRequest, pool: MemoryPool, scope: str) -> Any:
         """`pool.find_line` on the prompt `req` renders, as a call for a worker thread."""
-        if isinstance(req, ChatCompletionRequest):
+        if isinstance(req, ChatCallRequest):
             call = chat_call("line", req, self.settings, pool.tool_format)
             return functools.partial(pool.find_line, call.messages, tools=call.tools, scope=scope)
+        assert isinstance(req, CompletionCallRequest)
         return functools.partial(pool.find_line, prompt=completion_call("line", req, self.settings).prompt, scope=scope)
 
-    async def _bind_line(self, req: ChatCompletionRequest | CompletionRequest, seat: ModelLease, scope: str,
-                         line: Line) -> Line:
+    async def _bind_line(self, req: CallRequest, seat: ModelLease, scope: str, line: Line) -> Line:
         """Bind the line's agent to the seat's model; a derived id another model holds is derived again."""
         try:
             self.models.bind(line.agent_id, seat.name)
@@ -294,21 +296,21 @@ class Engine(AgentOps):
         return line
 
     # ------------------------------------------------------------------ calls
-    async def prepare_chat(self, target: Target, req: ChatCompletionRequest) -> PoolCall:
+    async def prepare_chat(self, target: Target, req: ChatCallRequest) -> PoolCall:
         """Validate a chat request and apply the tools/JSON protocol; 413 over the prompt limit."""
         call = chat_call(target.agent_id, req, self.settings, target.pool.tool_format)
         call.line = target.kind
         await self._check_prompt(call, target.pool)
         return call
 
-    async def prepare_completion(self, target: Target, req: CompletionRequest) -> PoolCall:
+    async def prepare_completion(self, target: Target, req: CompletionCallRequest) -> PoolCall:
         """Validate a completion request; 413 over the prompt limit."""
         call = completion_call(target.agent_id, req, self.settings)
         call.line = target.kind
         await self._check_prompt(call, target.pool)
         return call
 
-    async def count_tokens(self, model: str | None, req: ChatCompletionRequest) -> int:
+    async def count_tokens(self, model: str | None, req: ChatCallRequest) -> int:
         """The prompt size of a chat request on `model` (its tools included), without calling it."""
         seat = await self.models.model_seat(self.models.choose(model))
         note_model(seat.name)

@@ -1,6 +1,6 @@
 """The Ollama API: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`.
 
-Requests are translated to the internal chat or completion request (`ollama_schemas`)
+Validated requests are converted once to the engine's chat or completion request (`ollama_schemas`)
 and served like chat completions (`serving.respond`: the same agent resolution, pool,
 tool formats), then answered in Ollama's shapes: NDJSON chunks when streaming (the
 default, as in Ollama), one object otherwise, errors as `{"error": "..."}`.
@@ -30,6 +30,7 @@ import agentmem
 from agentmem.model import model_fingerprint
 from agentmem.server.auth import Principal
 from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.call_request import ChatCallRequest
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
@@ -42,7 +43,6 @@ from agentmem.server.ollama_schemas import (
     to_generate_request,
 )
 from agentmem.server.queue import Lease
-from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 from agentmem.server.wire_errors import shaped_route
 
@@ -164,7 +164,7 @@ async def _generate(eng: Engine, lease: Lease, request: Request, req: GenerateRe
     model = target.model
 
     def prepare() -> Any:
-        if isinstance(body, ChatCompletionRequest):
+        if isinstance(body, ChatCallRequest):
             return eng.prepare_chat(target, body)
         return eng.prepare_completion(target, body)
 

@@ -1,13 +1,13 @@
 """Ollama API request bodies (`/api/chat`, `/api/generate`, `/api/show`) and their translation.
 
-`to_chat_request` turns an `/api/chat` body into the internal `ChatCompletionRequest`
-(the pool, tool formats and identity rules chat completions uses):
+`to_chat_request` turns a validated `/api/chat` body into the engine's `call_request.ChatCallRequest`
+(no second validation; the pool, tool formats and identity rules chat completions uses):
 
 * `tool_calls` of an assistant message (`{"function": {"name", "arguments": {...}}}`, no
   id) get ids `call_{turn}_{k}`, and a `tool` message answers the earliest call before it
   not answered yet (or, by `tool_name`, the call of that name) — the tool-call ids never
   reach the prompt, so they only pair results with calls;
-* `format` `"json"` is `response_format` `json_object`, a schema object is `json_schema`;
+* `format` `"json"` is a JSON-object reply, a schema object a reply of that schema;
 * `options` `temperature`, `top_p`, `top_k`, `min_p`, `repeat_penalty`, `seed`, `stop`,
   `num_predict` (a negative one: the server's default) apply; the others (`num_ctx`,
   `num_gpu`, …) belong to the server's own start-up and are ignored, like `keep_alive`;
@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
+from agentmem.server.call_request import ChatCallRequest, CompletionCallRequest, FunctionTool, OutputFormat, Sampling
 from agentmem.server.http_errors import ApiError
-from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest, Json, Text, _Body
+from agentmem.server.schemas import Json, Text, Tool, _Body
 
 __all__ = ["ChatRequest", "GenerateRequest", "OllamaMessage", "Options", "ShowRequest", "to_chat_request",
            "to_generate_request"]
@@ -72,7 +73,8 @@ class ChatRequest(_Common):
     """`POST /api/chat`."""
 
     messages: list[OllamaMessage] = Field(default_factory=list)
-    tools: Annotated[list[dict[str, Any]] | None, Json] = None
+    tools: list[Tool] | None = None
+    """Ollama's tools have OpenAI's shape (`{"type": "function", "function": {...}}`): validated as those."""
 
 
 class GenerateRequest(_Common):
@@ -145,51 +147,46 @@ def _messages(msgs: list[OllamaMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _format(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
-    """`format` as `response_format`."""
+def _format(fmt: str | dict[str, Any] | None) -> OutputFormat | None:
+    """`format`: `"json"` is any JSON object, a schema object JSON of that schema."""
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
-        return {"type": "json_object"}
+        return OutputFormat(kind="json_object", field="format")
     if isinstance(fmt, dict):
-        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+        return OutputFormat(kind="json_schema", schema=fmt, field="format")
     raise _bad("format", f"must be 'json' or a JSON schema object, got {fmt!r}")
 
 
-def _sampling(opts: Options | None) -> dict[str, Any]:
-    if opts is None:
-        return {}
-    out = {k: getattr(opts, k) for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")}
-    out["stop"] = opts.stop or None
-    if opts.num_predict is not None and opts.num_predict >= 0:
-        out["max_tokens"] = opts.num_predict
-    return out
+def _call_fields(req: _Common) -> dict[str, Any]:
+    """What every call request of an Ollama body takes: sampling (`options`), stream, model, agent."""
+    opts = req.options or Options()
+    for i, stop in enumerate(opts.stop or ()):
+        if not stop:
+            raise _bad(f"options.stop[{i}]", "must be a non-empty string")
+    max_tokens = opts.num_predict if opts.num_predict is not None and opts.num_predict >= 0 else None
+    sampling = Sampling(max_tokens=max_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+                        min_p=opts.min_p, repeat_penalty=opts.repeat_penalty, seed=opts.seed,
+                        stop=tuple(opts.stop or ()))
+    return {"sampling": sampling, "stream": req.stream, "model": req.model, "agent_id": req.agent_id}
 
 
-def _validated(model: type[Any], body: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate({k: v for k, v in body.items() if v is not None}, strict=False)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(x) for x in first.get("loc", ())) or "messages"
-        raise _bad(field, str(first.get("msg", "invalid value"))) from None
-
-
-def to_chat_request(req: ChatRequest) -> ChatCompletionRequest:
-    """The internal chat request of an `/api/chat` body.
+def to_chat_request(req: ChatRequest) -> ChatCallRequest:
+    """The engine's chat request of a validated `/api/chat` body.
 
     Raises:
         ApiError: 400 naming the field that cannot be translated.
     """
     if not req.messages:
         raise _bad("messages", "must hold at least one message")
-    return _validated(ChatCompletionRequest, {
-        "messages": _messages(req.messages), "tools": req.tools or None, "response_format": _format(req.format),
-        "agent_id": req.agent_id, "model": req.model, **_sampling(req.options),
-    })
+    tools = tuple(FunctionTool(name=t.function.name, description=t.function.description or "",
+                               parameters=t.function.parameters, field=f"tools[{i}].function.parameters")
+                  for i, t in enumerate(req.tools or ()))
+    return ChatCallRequest(messages=tuple(_messages(req.messages)), tools=tools, output=_format(req.format),
+                           **_call_fields(req))
 
 
-def to_generate_request(req: GenerateRequest) -> ChatCompletionRequest | CompletionRequest:
+def to_generate_request(req: GenerateRequest) -> ChatCallRequest | CompletionCallRequest:
     """`/api/generate` as a chat request (the template applied) or, `raw`, a completion request.
 
     Raises:
@@ -198,11 +195,10 @@ def to_generate_request(req: GenerateRequest) -> ChatCompletionRequest | Complet
     for name in ("images", "suffix", "template", "context"):
         if getattr(req, name):
             raise _bad(name, "is not supported by this server")
-    sampling = {"agent_id": req.agent_id, "model": req.model, **_sampling(req.options)}
     if req.raw:
         if req.format:
             raise _bad("format", "cannot be used with raw (send the prompt through the chat template)")
-        return _validated(CompletionRequest, {"prompt": req.prompt, **sampling})
+        return CompletionCallRequest(prompt=req.prompt, **_call_fields(req))
     msgs = [{"role": "system", "content": req.system}] if req.system else []
     msgs.append({"role": "user", "content": req.prompt})
-    return _validated(ChatCompletionRequest, {"messages": msgs, "response_format": _format(req.format), **sampling})
+    return ChatCallRequest(messages=tuple(msgs), output=_format(req.format), **_call_fields(req))

@@ -3,14 +3,17 @@
 A request's `model` picks the model when the server has several (`serving.find_agent`);
 the response's `model` is the one that answered.
 
-Each route turns its request into a prepared call and hands it to `serving.respond`
-(agent resolution, admission, disconnect watching, SSE): see `serving.py`.
+Each route converts its validated body once into the engine's call request
+(`ChatCompletionRequest.to_call`, `CompletionRequest.to_call`: `call_request`), prepares it
+and hands it to `serving.respond` (agent resolution, admission, disconnect watching, SSE):
+see `serving.py`. The two routes differ only in their `_Shape`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -18,11 +21,13 @@ from fastapi.responses import JSONResponse
 from agentmem.server import responses as R
 from agentmem.server.auth import Principal
 from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.calls import PoolCall
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.queue import Lease
+from agentmem.server.registry import Target
 from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
-from agentmem.server.serving import admitted, find_agent, respond
+from agentmem.server.serving import admitted, find_agent, off_loop, respond
 
 __all__ = ["router"]
 
@@ -35,32 +40,39 @@ _MODEL_FIELDS = ("state", "device", "weights_bytes", "ctx_bytes", "agents", "in_
 """What `/v1/models` says of each model, with several (`MemoryPool.models()`; bytes: known once loaded)."""
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """How one OpenAI route prepares its call and writes its answer (chat completions or legacy completions)."""
+
+    prefix: str
+    prepare: Callable[[Engine, Target, Any], Awaitable[PoolCall]]
+    reply: Callable[[R.Ids, Outcome], dict[str, Any]]
+    text: Callable[[R.Ids, str], dict[str, Any]]
+    tail: Callable[[R.Ids, Outcome, bool], list[dict[str, Any]]]
+    head: Callable[[R.Ids], list[dict[str, Any]]]
+
+
+def _completion_tail(ids: R.Ids, out: Outcome, include_usage: bool) -> list[dict[str, Any]]:
+    """The chunks that end a completion stream: the finish reason, then the usage chunk if asked for."""
+    chunks = [R.completion_chunk(ids, "", out.finish_reason, agentmem=out.extension())]
+    if include_usage:
+        chunks.append({**ids.head("text_completion"), "choices": [], "usage": out.usage()})
+    return chunks
+
+
+_CHAT = _Shape("chatcmpl", Engine.prepare_chat, R.chat_completion,
+               lambda ids, text: R.chat_chunk(ids, {"content": text}), R.chat_tail, lambda ids: [R.chat_chunk(ids, {"role": "assistant", "content": ""})])
+_COMPLETION = _Shape("cmpl", Engine.prepare_completion, R.completion, R.completion_chunk, _completion_tail,
+                     lambda ids: [])
+
+
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(
         request: Request, req: ChatCompletionRequest = Depends(json_body(ChatCompletionRequest, "messages")),
         eng: Engine = Depends(engine)) -> Any:
     """OpenAI chat completions, streaming (SSE) or not, with tools and structured output."""
     async with admitted(request) as lease:
-        return await _chat(eng, lease, request, req)
-
-
-async def _chat(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest) -> Any:
-    target = await find_agent(eng, lease, request, req)
-    ids = R.Ids("chatcmpl", target.model)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-    def render(event: Event) -> list[bytes]:
-        kind, value = event
-        if kind == "text":
-            return [R.sse(R.chat_chunk(ids, {"content": value}))]
-        assert isinstance(value, Outcome)
-        return [R.sse(c) for c in R.chat_tail(ids, value, include_usage)]
-
-    return await respond(
-        eng, lease, target, request, lambda: eng.prepare_chat(target, req), bool(req.stream),
-        reply=lambda out: R.chat_completion(ids, out),
-        render=render, head=[R.sse(R.chat_chunk(ids, {"role": "assistant", "content": ""}))],
-    )
+        return await _serve(eng, lease, request, req, _CHAT)
 
 
 @router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
@@ -69,28 +81,27 @@ async def completions(
         eng: Engine = Depends(engine)) -> Any:
     """OpenAI (legacy) completions: a raw prompt continued in the agent's context."""
     async with admitted(request) as lease:
-        return await _completion(eng, lease, request, req)
+        return await _serve(eng, lease, request, req, _COMPLETION)
 
 
-async def _completion(eng: Engine, lease: Lease, request: Request, req: CompletionRequest) -> Any:
-    target = await find_agent(eng, lease, request, req)
-    ids = R.Ids("cmpl", target.model)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+async def _serve(eng: Engine, lease: Lease, request: Request, body: ChatCompletionRequest | CompletionRequest,
+                 shape: _Shape) -> Any:
+    """Convert the validated `body` to the engine's call request once, find its agent, answer in `shape`."""
+    call = await off_loop(body.to_call)
+    target = await find_agent(eng, lease, request, call)
+    ids = R.Ids(shape.prefix, target.model)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def render(event: Event) -> list[bytes]:
         kind, value = event
         if kind == "text":
-            return [R.sse(R.completion_chunk(ids, value))]
+            return [R.sse(shape.text(ids, value))]
         assert isinstance(value, Outcome)
-        out = [R.sse(R.completion_chunk(ids, "", value.finish_reason, agentmem=value.extension()))]
-        if include_usage:
-            out.append(R.sse({**ids.head("text_completion"), "choices": [], "usage": value.usage()}))
-        return out
+        return [R.sse(c) for c in shape.tail(ids, value, include_usage)]
 
     return await respond(
-        eng, lease, target, request, lambda: eng.prepare_completion(target, req), bool(req.stream),
-        reply=lambda out: R.completion(ids, out),
-        render=render, head=[],
+        eng, lease, target, request, lambda: shape.prepare(eng, target, call), call.stream,
+        reply=lambda out: shape.reply(ids, out), render=render, head=[R.sse(c) for c in shape.head(ids)],
     )
 
 

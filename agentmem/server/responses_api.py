@@ -1,6 +1,6 @@
 """The OpenAI Responses API: `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `.../input_items`.
 
-A request becomes a chat-completions request (`responses_schemas.to_chat`) and runs
+A validated request becomes the engine's chat request (`responses_schemas.to_chat`) and runs
 through the engine exactly as `/v1/chat/completions` does (`serving.respond`); the
 `Outcome` becomes a `response` object — a `message` item with `output_text` and/or
 `function_call` items — or, streaming, OpenAI's typed events (`event:` lines, each with
@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from agentmem.errors import ConfigError
 from agentmem.server.auth import Principal
 from agentmem.server.bodies import body_schema, json_body
+from agentmem.server.call_request import ChatCallRequest
 from agentmem.server.deps import engine, principal
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import ApiError, from_exception
@@ -50,7 +51,6 @@ from agentmem.server.responses_schemas import (
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
 from agentmem.server.responses_store import ResponseStore, StoredResponse, scope_of
-from agentmem.server.schemas import ChatCompletionRequest
 from agentmem.server.serving import admitted, find_agent, off_loop, respond
 
 __all__ = ["router", "store_of"]
@@ -83,8 +83,8 @@ def _responses_fields() -> Iterator[None]:
         exc.param = rename_field(exc.param)
         raise
     except ConfigError as exc:
-        field = rename_field(getattr(exc, "field", None))
-        raise ResponsesInputError(str(exc), field=field or _guess_field(str(exc))) from exc
+        field = rename_field(getattr(exc, "field", None)) or _guess_field(str(exc))
+        raise ResponsesInputError(str(exc).removeprefix(f"{field}: "), field=field) from exc
 
 
 _MESSAGE_FIELDS = (("tool_choice", "tool_choice"), ("tools", "tools"), ("max_tokens", "max_output_tokens"),
@@ -266,7 +266,7 @@ class _Events:
 
 
 # ---------------------------------------------------------------------------- routes
-async def _agent_of(eng: Engine, lease: Lease, request: Request, chat: ChatCompletionRequest,
+async def _agent_of(eng: Engine, lease: Lease, request: Request, chat: ChatCallRequest,
                     prev: StoredResponse | None) -> Target:
     """The agent: one the request names, else the previous response's, else the line its prompt continues."""
     if prev is None:
@@ -283,7 +283,7 @@ async def _agent_of(eng: Engine, lease: Lease, request: Request, chat: ChatCompl
 
 
 def _convert(req: ResponseCreateRequest, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
-                                                                                 ChatCompletionRequest]:
+                                                                                 ChatCallRequest]:
     """`input` as items, and the chat request of the history and them (blocking: run off the event loop)."""
     own = normalize_input(req.input)
     with _responses_fields():

@@ -1,10 +1,11 @@
-"""The OpenAI Responses API request, and its translation into a chat-completions request.
+"""The OpenAI Responses API request, and its translation into the engine's chat request.
 
 `POST /v1/responses` is served by the same pool call as `POST /v1/chat/completions`:
-`to_chat` turns a `ResponseCreateRequest` (and the conversation a `previous_response_id`
-stored) into a `ChatCompletionRequest`, which `Engine.prepare_chat` runs unchanged.
+`to_chat` turns a validated `ResponseCreateRequest` (and the conversation a
+`previous_response_id` stored) into a `call_request.ChatCallRequest`, which
+`Engine.prepare_chat` runs unchanged; nothing is validated twice.
 
-| Responses | chat completions |
+| Responses | the chat request |
 |---|---|
 | `instructions` | a `system` message first |
 | `input` as a string | one `user` message |
@@ -12,10 +13,10 @@ stored) into a `ChatCompletionRequest`, which `Engine.prepare_chat` runs unchang
 | `function_call` items (`call_id`, `name`, `arguments`) | `tool_calls` of an `assistant` message (consecutive calls, and the text just before them, are one message) |
 | `function_call_output` items | `tool` messages |
 | `reasoning` items | dropped (the model has no reasoning channel) |
-| `tools` `{type: function, name, parameters, strict}` | `tools` `{type: function, function: {...}}` |
+| `tools` `{type: function, name, parameters, strict}` | `tools` (`FunctionTool`) |
 | `tool_choice` `{type: function, name}` | `{type: function, function: {name}}` |
-| `text.format` (`json_object`, `json_schema`) | `response_format` |
-| `max_output_tokens` | `max_completion_tokens` |
+| `text.format` (`json_object`, `json_schema`) | `output` (`OutputFormat`) |
+| `max_output_tokens` | `sampling.max_tokens` |
 
 Everything else a client may send that agentmem cannot honour (hosted tools such as
 `web_search` or `file_search`, images, files, `background`, `conversation`, reusable
@@ -27,10 +28,11 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentmem.errors import ConfigError
-from agentmem.server.schemas import ChatCompletionRequest, Json, Text
+from agentmem.server.call_request import ChatCallRequest, FunctionTool, OutputFormat, Sampling
+from agentmem.server.schemas import Json, Text
 
 __all__ = ["ResponseCreateRequest", "ResponsesInputError", "items_to_messages", "new_item_id", "normalize_input",
            "public_tools", "rename_field", "to_chat"]
@@ -237,7 +239,18 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
           "strict": tool.get("strict")}
     if not isinstance(fn["name"], str) or not fn["name"]:
         raise ResponsesInputError("must be a non-empty string", field=f"{field}.name")
+    if len(fn["name"]) > 128:
+        raise ResponsesInputError("must be at most 128 characters", field=f"{field}.name")
+    _typed(fn, "description", str, "a string", field)
+    _typed(fn, "parameters", dict, "a JSON schema object", field)
+    _typed(fn, "strict", bool, "a boolean", field)
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def _typed(obj: Mapping[str, Any], key: str, kind: type, what: str, field: str) -> None:
+    """400 naming `field.key` unless `obj[key]` is absent (`None`) or a `kind`."""
+    if obj.get(key) is not None and not isinstance(obj[key], kind):
+        raise ResponsesInputError(f"must be {what}", field=f"{field}.{key}")
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -250,18 +263,25 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | 
                               "{'type': 'function', 'name': ...}", field="tool_choice")
 
 
-def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+def _output_format(text: dict[str, Any] | None) -> OutputFormat | None:
+    """`text.format` as the reply's format (`None`: text)."""
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, Mapping):
         raise ResponsesInputError("must be an object", field="text.format")
     kind = fmt.get("type")
-    if kind in ("text", "json_object"):
-        return {"type": kind}
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat(kind="json_object", field="text.format")
     if kind == "json_schema":
-        schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if fmt.get(k) is not None}
-        return {"type": "json_schema", "json_schema": schema}
+        for key in ("name", "description"):
+            _typed(fmt, key, str, "a string", "text.format")
+        _typed(fmt, "strict", bool, "a boolean", "text.format")
+        if not isinstance(fmt.get("schema"), dict):
+            raise ResponsesInputError("must be a JSON schema object", field="text.format.schema")
+        return OutputFormat(kind="json_schema", schema=fmt["schema"], field="text.format.schema")
     raise ResponsesInputError(f"format type {kind!r} is not one of text, json_object, json_schema",
                               field="text.format.type")
 
@@ -280,17 +300,6 @@ def public_tools(req: ResponseCreateRequest) -> list[dict[str, Any]]:
 _FIELD_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
-def _field_of(loc: Sequence[Any]) -> str:
-    """A chat request's error location as the Responses field (`response_format.json_schema.schema` →
-    `text.format.schema`; anything in `messages` → `input`, whose items were checked before)."""
-    if not loc or loc[0] == "messages":
-        return "input"
-    path = str(loc[0])
-    for part in loc[1:]:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return rename_field(path) or "input"
-
-
 def rename_field(field: str | None) -> str | None:
     """A chat call's error field (`tools[0].function.parameters`) as the Responses field (`tools[0].parameters`)."""
     if field is None:
@@ -303,12 +312,20 @@ def rename_field(field: str | None) -> str | None:
     return _FIELD_NAMES.get(head, head) + dot + rest
 
 
-def to_chat(req: ResponseCreateRequest, items: Sequence[Mapping[str, Any]]) -> ChatCompletionRequest:
-    """The chat-completions request of a Responses request whose whole conversation is `items`.
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(not s for s in stops):
+        raise ResponsesInputError("stop strings must be non-empty", field="stop")
+    return stops
+
+
+def to_chat(req: ResponseCreateRequest, items: Sequence[Mapping[str, Any]]) -> ChatCallRequest:
+    """The engine's chat request of a validated Responses request whose whole conversation is `items`.
 
     `items` is the stored conversation of `previous_response_id` (if any) followed by the
     request's own input (`normalize_input`); `instructions` come first as the system message
-    (a previous response's instructions are not carried over, as OpenAI does).
+    (a previous response's instructions are not carried over, as OpenAI does). Tools and
+    `text.format` are checked here, naming the Responses field: nothing validates again.
 
     Raises:
         ResponsesInputError: an unsupported tool, tool choice or format, or an empty conversation.
@@ -319,17 +336,13 @@ def to_chat(req: ResponseCreateRequest, items: Sequence[Mapping[str, Any]]) -> C
         messages.insert(0, {"role": "system", "content": req.instructions})
     if not messages:
         raise ResponsesInputError("the conversation is empty: send input (or instructions)", field="input")
-    body: dict[str, Any] = {
-        "model": req.model, "messages": messages, "stream": req.stream, "user": req.user, "agent_id": req.agent_id,
-        "tools": [_tool(t, i) for i, t in enumerate(req.tools)] if req.tools else None,
-        "tool_choice": _tool_choice(req.tool_choice) if req.tools or req.tool_choice not in (None, "auto") else None,
-        "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req.text),
-        "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "seed": req.seed, "stop": req.stop,
-    }
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        field = _field_of(first.get("loc", ()))
-        raise ResponsesInputError(str(first.get("msg", "invalid value")), field=field) from None
+    tools = tuple(FunctionTool(name=fn["name"], description=fn.get("description") or "",
+                               parameters=fn.get("parameters"), field=f"tools[{i}].parameters")
+                  for i, fn in ((i, _tool(t, i)["function"]) for i, t in enumerate(req.tools or ())))
+    sampling = Sampling(max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
+                        seed=req.seed, stop=_stops(req.stop))
+    return ChatCallRequest(
+        messages=tuple(messages), tools=tools,
+        tool_choice=_tool_choice(req.tool_choice) if req.tools or req.tool_choice not in (None, "auto") else None,
+        parallel_tool_calls=bool(req.parallel_tool_calls), output=_output_format(req.text), sampling=sampling,
+        stream=req.stream, model=req.model, user=req.user, agent_id=req.agent_id)

@@ -3,7 +3,9 @@
 Unknown request fields are ignored (as llama-server does), so newer clients that send
 `metadata`, `store` and the like keep working; fields agentmem cannot honour (`n > 1`,
 `logprobs`) are refused with a 400 by the route, naming the field. Extensions beyond
-OpenAI: `agent_id`, `top_k`, `min_p`, `repeat_penalty` (llama-server's names).
+OpenAI: `agent_id`, `top_k`, `min_p`, `repeat_penalty` (llama-server's names). A validated
+chat or completion body converts once into the engine's call request (`to_call`:
+`call_request.ChatCallRequest`, `CompletionCallRequest`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from pydantic_core import PydanticCustomError
 from agentmem import validation as check
 from agentmem.errors import MessageError
 from agentmem.memory.tiers import WARM, TierName
+from agentmem.server.call_request import (
+    ChatCallRequest,
+    CompletionCallRequest,
+    FunctionTool,
+    OutputFormat,
+    Sampling,
+)
 
 __all__ = [
     "AgentInfo",
@@ -116,6 +125,13 @@ class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
+    def to_output(self) -> OutputFormat | None:
+        """The reply's format (`None`: text)."""
+        if self.type == "text":
+            return None
+        schema = self.json_schema.schema_ if self.json_schema is not None else None
+        return OutputFormat(kind=self.type, schema=schema if self.type == "json_schema" else None)
+
 
 class StreamOptions(_Body):
     """`stream_options`."""
@@ -148,6 +164,14 @@ class _Sampling(_Body):
     """Accepted and ignored."""
     logprobs: bool | None = None
 
+    def _call_fields(self, max_tokens: int | None) -> dict[str, Any]:
+        """The fields every call request takes, read from this body."""
+        stop = () if not self.stop else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        sampling = Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                            min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed, stop=stop)
+        return {"sampling": sampling, "stream": self.stream, "model": self.model, "user": self.user,
+                "agent_id": self.agent_id, "n": self.n, "logprobs": bool(self.logprobs)}
+
 
 class ChatCompletionRequest(_Sampling):
     """`POST /v1/chat/completions`."""
@@ -160,12 +184,29 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
 
+    def to_call(self) -> ChatCallRequest:
+        """The engine's chat request of this body (`max_completion_tokens` wins over `max_tokens`)."""
+        max_tokens = self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+        return ChatCallRequest(
+            messages=tuple(m.to_pool() for m in self.messages),
+            tools=tuple(FunctionTool(name=t.function.name, description=t.function.description or "",
+                                     parameters=t.function.parameters, field=f"tools[{i}].function.parameters")
+                        for i, t in enumerate(self.tools or ())),
+            tool_choice=self.tool_choice, parallel_tool_calls=bool(self.parallel_tool_calls),
+            output=self.response_format.to_output() if self.response_format is not None else None,
+            **self._call_fields(max_tokens))
+
 
 class CompletionRequest(_Sampling):
     """`POST /v1/completions` (a raw prompt, no chat template)."""
 
     prompt: Annotated[str | list[str], Json]
     echo: bool = False
+
+    def to_call(self) -> CompletionCallRequest:
+        """The engine's completion request of this body."""
+        prompt = self.prompt if isinstance(self.prompt, str) else tuple(self.prompt)
+        return CompletionCallRequest(prompt=prompt, echo=self.echo, **self._call_fields(self.max_tokens))
 
 
 class Usage(BaseModel):

@@ -27,12 +27,12 @@ from starlette.types import Receive, Scope, Send
 
 from agentmem.server import responses as R
 from agentmem.server.auth import end_user_space
+from agentmem.server.call_request import CallRequest
 from agentmem.server.engine import Engine, Event, Outcome
 from agentmem.server.http_errors import from_exception
 from agentmem.server.identity import AGENT_HEADER, agent_header, end_user, resolve_agent_id
 from agentmem.server.queue import Lease
 from agentmem.server.registry import Target
-from agentmem.server.schemas import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["SSEResponse", "admitted", "find_agent", "off_loop", "respond", "with_agent"]
 
@@ -152,7 +152,7 @@ async def off_loop(fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
-async def find_agent(eng: Engine, lease: Lease, request: Request, req: ChatCompletionRequest | CompletionRequest,
+async def find_agent(eng: Engine, lease: Lease, request: Request, req: CallRequest,
                      *, end_user_field: str | None = None, end_user_name: str = "user") -> Target:
     """The agent the request names, else (`--anonymous lines`) the line its prompt continues, claimed;
     with the lease on its model (the request's `model`, the agent's, or the default: the one place

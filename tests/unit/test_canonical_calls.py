@@ -274,14 +274,16 @@ def test_a_stop_string_in_the_call_stops_it_as_before() -> None:
 # --------------------------------------------------------------------------- the callers' choices
 def test_tool_choice_none_turns_the_rewrite_off_in_the_server_and_the_integrations() -> None:
     pytest.importorskip("fastapi")
+    from agentmem.server.call_request import ChatCallRequest
     from agentmem.server.calls import chat_call
     from agentmem.server.schemas import ChatCompletionRequest
     from agentmem.server.settings import ServerSettings
 
     tool = {"type": "function", "function": {"name": "lookup_metric", "parameters": {"type": "object", "properties": {}}}}
 
-    def req(choice: str) -> ChatCompletionRequest:
-        return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool], tool_choice=choice)
+    def req(choice: str) -> ChatCallRequest:
+        return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool],
+                                     tool_choice=choice).to_call()
 
     assert chat_call("a", req("none"), ServerSettings(), HERMES).sampling["canonical_calls"] is False
     assert "canonical_calls" not in chat_call("a", req("auto"), ServerSettings(), HERMES).sampling

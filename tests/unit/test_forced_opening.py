@@ -140,7 +140,7 @@ def test_langchain_and_the_server_pass_a_native_forced_prefix_as_the_opening() -
     assert "opening" not in env.sampling and env.pool_messages()[-1] == {"role": "assistant", "content": env.prefix}
     req = ChatCompletionRequest(model="m", messages=msgs, tools=[{"type": "function", "function": tools[0]}],
                                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    sc = chat_call("a", req, ServerSettings(), HERMES)
+    sc = chat_call("a", req.to_call(), ServerSettings(), HERMES)
     assert sc.sampling["opening"] == sc.prefix and sc.pool_messages() == msgs
 
 

@@ -111,3 +111,25 @@ def test_the_old_names_still_work_and_warn(tiny_model_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert agentmem.MemoryPool is MemoryPool  # the public name itself does not warn
+
+
+def test_stats_has_one_shape_for_one_model_or_many(tiny_model_path: Path, team: MemoryPool) -> None:
+    """Regression: `stats()` of a pool of one had the engine's keys, of many `{"pools", "agents": n}` (issue 32)."""
+    team.chat("st-a", MSGS, model="a", max_tokens=2)
+    team.chat("st-b", MSGS, model="b", max_tokens=2)
+    with MemoryPool(tiny_model_path, n_ctx=512, resident_agents=2, n_batch=64, n_threads=1) as one:
+        one.chat("x", MSGS, max_tokens=2)
+        single, many = one.stats(), team.stats()
+        assert set(single) == set(many)
+        engine = one.engine().stats()
+        assert single["agents"]["x"] == {**engine["agents"]["x"], "model": tiny_model_path.stem}
+        assert single["totals"] == engine["totals"] and single["tiers"] == engine["tiers"]
+    # pool-wide: each agent tagged with its model, counters summed over the models
+    assert many["agents"]["st-a"]["model"] == "a" and many["agents"]["st-b"]["model"] == "b"
+    per = [many["pools"][m]["totals"] for m in ("a", "b")]
+    assert many["totals"]["agents"] == per[0]["agents"] + per[1]["agents"]
+    assert many["totals"]["n_ctx"] == per[0]["n_ctx"] + per[1]["n_ctx"]
+    assert many["totals"]["kv_layout"] == per[0]["kv_layout"]
+    hints = [many["pools"][m]["hints"] for m in ("a", "b")]
+    expected = hints[0]["expected"] + hints[1]["expected"]
+    assert many["hints"]["hit_rate"] == ((hints[0]["hits"] + hints[1]["hits"]) / expected if expected else 0.0)

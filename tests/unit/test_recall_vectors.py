@@ -1,15 +1,38 @@
-"""The archive's span vectors (#34), over both backends: same transaction, agent and tenant filters, backfill."""
+"""The archive's span vectors (#34): same transaction, agent and tenant filters, backfill.
+
+Each test runs on SQLite, on PostgreSQL without pgvector (Debian's: the exact numpy
+fallback) and on PostgreSQL with pgvector (HNSW), each with the hot partitions in RAM
+on and off (off: every search goes to the archive's own path).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from agentmem.archive import ArchiveBase
+from agentmem.archive import ArchiveBase, open_archive
 from agentmem.errors import ConfigError
-from tests.fixtures.archives import raw_connection
+from tests.fixtures.archives import VECTOR_BACKENDS, raw_connection
 
 E = np.eye(4, dtype=np.float32)
+
+
+@pytest.fixture(params=VECTOR_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """sqlite, postgres (no pgvector) and pgvector."""
+    return str(request.param)
+
+
+@pytest.fixture(params=["ram", "archive"])
+def arc(archive_target: str, backend: str, request: pytest.FixtureRequest) -> Iterator[ArchiveBase]:
+    """An open archive; `archive`: with no hot partitions, so searches take the backend's path."""
+    with open_archive(archive_target) as archive:
+        assert archive.vector_search == ("pgvector-hnsw" if backend == "pgvector" else "exact-numpy")
+        if request.param == "archive":
+            archive.hot_vectors.resize(max_bytes=0)
+        yield archive
 
 
 def _span(i: int, text: str) -> tuple[int, int, str, str]:
@@ -90,8 +113,6 @@ def test_vectors_go_with_their_agent(arc: ArchiveBase) -> None:
 
 
 def test_vectors_survive_reopening(archive_target: str) -> None:
-    from agentmem.archive import open_archive
-
     with open_archive(archive_target) as arc:
         arc.add_evicted_spans("a", [_span(0, "north"), _span(1, "east")], vectors=E[:2], model="toy")
     with open_archive(archive_target) as arc:

@@ -63,7 +63,7 @@ def test_blocks_translate_to_chat_messages_in_order() -> None:
                                          {"type": "text", "text": "And Rome?"}]},
         ], "stop_sequences": ["\n\n"], "top_k": 5, "metadata": {"user_id": "user-1"}})
     chat = to_chat_request(req)
-    got = [m.to_pool() for m in chat.messages]
+    got = list(chat.messages)
     assert got == [
         {"role": "system", "content": "Be brief.\n\nUse tools."},
         {"role": "user", "content": "Weather in Paris?"},
@@ -73,9 +73,10 @@ def test_blocks_translate_to_chat_messages_in_order() -> None:
         {"role": "user", "content": "And Rome?"},
     ]
     assert chat.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
-    assert chat.parallel_tool_calls is False and chat.stop == ["\n\n"] and chat.top_k == 5 and chat.max_tokens == 8
+    assert chat.parallel_tool_calls is False and chat.sampling.stop == ("\n\n",) and chat.sampling.top_k == 5
+    assert chat.sampling.max_tokens == 8
     assert chat.user is None  # metadata.user_id is an end user, not a conversation: not an agent id
-    assert chat.tools is not None and chat.tools[0].function.parameters == WEATHER["input_schema"]
+    assert chat.tools[0].parameters == WEATHER["input_schema"] and chat.tools[0].field == "tools[0].input_schema"
 
 
 @pytest.mark.parametrize(("choice", "want"), [({"type": "auto"}, "auto"), ({"type": "any"}, "required"),
@@ -185,6 +186,10 @@ def test_count_tokens(client: Any) -> None:
     assert n == r.usage.input_tokens + r.usage.cache_read_input_tokens
 
 
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(300)}}
+"""A schema over `agentmem.tools.limits.MAX_OBJECT_PROPERTIES`: the error names the field it was sent in."""
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ({"max_tokens": True, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
@@ -201,6 +206,12 @@ def test_count_tokens(client: Any) -> None:
     ({"max_tokens": 4, "tools": [{**WEATHER, "type": "web_search_20250305"}],
       "messages": [{"role": "user", "content": "x"}]}, "tools[0].type"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
+    ({"max_tokens": 4, "stop_sequences": ["ok", ""], "messages": [{"role": "user", "content": "x"}]},
+     "stop_sequences[1]"),
+    ({"max_tokens": 4, "tools": [{**WEATHER, "input_schema": WIDE}],
+      "messages": [{"role": "user", "content": "x"}]}, "tools[0].input_schema"),
+    ({"max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": WIDE}},
+      "messages": [{"role": "user", "content": "x"}]}, "output_config.format.schema"),
     ([1, 2], None),
 ])
 def test_hostile_bodies_are_anthropic_400s_naming_the_field(server: Any, body: Any, field: str | None) -> None:
@@ -240,7 +251,7 @@ def test_output_config_format_is_a_json_schema(client: Any) -> None:
     req = MessagesRequest.model_validate({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
                                           "output_config": {"format": {"type": "json_schema", "schema": schema}}})
     chat = to_chat_request(req)
-    assert chat.response_format is not None and chat.response_format.json_schema.schema_ == schema
+    assert chat.output is not None and chat.output.kind == "json_schema" and chat.output.schema == schema
     r = client.messages.create(model="x", max_tokens=24, messages=[{"role": "user", "content": "ok?"}],
                                output_config={"format": {"type": "json_schema", "schema": schema}},
                                extra_headers={"X-Agent-Id": "a-json"})

@@ -285,12 +285,10 @@ def test_a_pending_load_is_not_starved_by_a_stream_of_calls_on_the_resident_mode
 
 def test_show_and_listings_never_load_a_model(tiny_model_path: Path, tiny_qwen2_path: Path, tmp_path: Path) -> None:
     """#33 F2: 10 `POST /api/show` forced 5 loads of each model in 0.9 s (a budget that holds one model)."""
-    from agentmem.models import ModelPool
-
-    team = ModelPool({"llama": str(tiny_model_path), "qwen": str(tiny_qwen2_path)}, archive_dir=tmp_path,
-                     n_ctx=1024, resident_agents=2, n_threads=1, prefetch_models=False,
-                     ram_budget_bytes=int(max(tiny_model_path.stat().st_size, tiny_qwen2_path.stat().st_size) * 1.5)
-                     + (64 << 20), preload=("llama",))
+    team = MemoryPool(models={"llama": str(tiny_model_path), "qwen": str(tiny_qwen2_path)}, archive_dir=tmp_path,
+                      n_ctx=1024, resident_agents=2, n_threads=1, prefetch_models=False,
+                      ram_budget_bytes=int(max(tiny_model_path.stat().st_size, tiny_qwen2_path.stat().st_size) * 1.5)
+                      + (64 << 20), preload=("llama",))
     try:
         with ServerThread(create_app(team, settings=ServerSettings(default_max_tokens=1))) as srv:
             with httpx.Client(base_url=srv.base_url, timeout=60) as http:

@@ -1,6 +1,6 @@
 """`agentmem serve` over several models (issue #26, the server half): routing, errors, leases, listings.
 
-On the tiny random-weight models (a `llama` and a `qwen2` GGUF) served by a `ModelPool`:
+On the tiny random-weight models (a `llama` and a `qwen2` GGUF) served by one `MemoryPool` of two models:
 these tests check which model a request runs on, the typed errors, that a call holds its
 model loaded, that conversation lines stay per model, and what the listings say. The
 two bundled models through the `openai` client are `tests/integration/test_models_serve_real.py`.
@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from agentmem.errors import ConfigError, ModelBudgetError, ModelMismatchError, UnknownModelError  # noqa: E402
-from agentmem.models import ModelLease, ModelPool  # noqa: E402
+from agentmem.models import MemoryPool, ModelLease  # noqa: E402
 from agentmem.server import ServerSettings, create_app  # noqa: E402
 from agentmem.server.auth import Principal  # noqa: E402
 from agentmem.server.cli import add_arguments, build  # noqa: E402
@@ -38,9 +38,9 @@ from tests.fixtures.serving import ServerThread  # noqa: E402
 HI = [{"role": "user", "content": "hi"}]
 
 
-def _team(paths: dict[str, Path], tmp: Path, **kw: Any) -> ModelPool:
-    return ModelPool({k: str(v) for k, v in paths.items()}, archive_dir=tmp, n_ctx=1024, resident_agents=2,
-                     n_threads=1, prefetch_models=False, **kw)
+def _team(paths: dict[str, Path], tmp: Path, **kw: Any) -> MemoryPool:
+    return MemoryPool(models={k: str(v) for k, v in paths.items()}, archive_dir=tmp, n_ctx=1024, resident_agents=2,
+                      n_threads=1, prefetch_models=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def _one_model_budget(paths: dict[str, Path], tmp: Path) -> int:
     """A RAM budget that holds either tiny model loaded, not both."""
     probe = _team(paths, tmp)
     for name in paths:
-        probe.pool(name)
+        probe.engine(name)
     sizes = {m["name"]: m["weights_bytes"] + m["ctx_bytes"] for m in probe.models()}
     probe.close()
     return max(sizes.values()) + min(sizes.values()) // 2
@@ -160,7 +160,7 @@ def test_a_running_call_keeps_its_model_loaded_until_it_ends(tiny_model_path: Pa
         lease = eng.admit(who)  # what `bodies.json_body` and `serving.find_agent` do
         lease.then(target.release)
         await eng.admit_call(lease, target)
-        call = await eng.prepare_chat(target, ChatCompletionRequest.model_validate({"messages": HI}))
+        call = await eng.prepare_chat(target, ChatCompletionRequest.model_validate({"messages": HI}).to_call())
         events = eng.run(call, target)
         assert (await anext(events))[0] == "text" and team.tier.slots["llama"].uses == 1
         with pytest.raises(ModelBudgetError):

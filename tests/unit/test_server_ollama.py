@@ -22,7 +22,7 @@ from agentmem import MemoryPool  # noqa: E402
 from agentmem.server import KeyRing, ServerSettings, create_app  # noqa: E402
 from agentmem.server.http_errors import ApiError  # noqa: E402
 from agentmem.server.ollama_schemas import ChatRequest, GenerateRequest, to_chat_request, to_generate_request  # noqa: E402
-from agentmem.server.schemas import CompletionRequest  # noqa: E402
+from agentmem.server.call_request import ChatCallRequest, CompletionCallRequest  # noqa: E402
 from tests.fixtures.serving import ServerThread, serve_model  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
@@ -59,27 +59,30 @@ def test_tool_calls_get_ids_and_results_pair_by_name() -> None:
         {"role": "tool", "content": "sunny"},
     ]})
     chat = to_chat_request(req)
-    got = [m.to_pool() for m in chat.messages]
+    got = list(chat.messages)
     assert got[1]["tool_calls"] == [
         {"id": "call_1_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"id": "call_1_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "Rome"}'}}]
     assert [(m["tool_call_id"], m["content"]) for m in got[2:]] == [("call_1_1", "found"), ("call_1_0", "sunny")]
-    assert chat.max_tokens is None and chat.seed == 3  # a negative num_predict: the server's default
+    assert chat.sampling.max_tokens is None and chat.sampling.seed == 3  # a negative num_predict: the server's default
+    assert [t.name for t in chat.tools] == ["get_weather"]
 
 
 def test_format_and_options() -> None:
     chat = to_chat_request(ChatRequest.model_validate({"format": "json", "options": {
         "temperature": 0, "top_k": 4, "num_predict": 7, "stop": ["\n"], "num_ctx": 99999},
         "messages": [{"role": "user", "content": "x"}]}))
-    assert chat.response_format is not None and chat.response_format.type == "json_object"
-    assert (chat.temperature, chat.top_k, chat.max_tokens, chat.stop) == (0, 4, 7, ["\n"])
+    assert chat.output is not None and chat.output.kind == "json_object"
+    s = chat.sampling
+    assert (s.temperature, s.top_k, s.max_tokens, s.stop) == (0, 4, 7, ("\n",))
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     chat = to_chat_request(ChatRequest.model_validate({"format": schema, "messages": [{"role": "user", "content": "x"}]}))
-    assert chat.response_format is not None and chat.response_format.json_schema.schema_ == schema
+    assert chat.output is not None and chat.output.kind == "json_schema" and chat.output.schema == schema
     raw = to_generate_request(GenerateRequest.model_validate({"prompt": "abc", "raw": True}))
-    assert isinstance(raw, CompletionRequest) and raw.prompt == "abc"
+    assert isinstance(raw, CompletionCallRequest) and raw.prompt == "abc"
     chat = to_generate_request(GenerateRequest.model_validate({"prompt": "abc", "system": "s"}))
-    assert [m.to_pool() for m in chat.messages] == [{"role": "system", "content": "s"}, {"role": "user", "content": "abc"}]
+    assert isinstance(chat, ChatCallRequest)
+    assert list(chat.messages) == [{"role": "system", "content": "s"}, {"role": "user", "content": "abc"}]
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -89,8 +92,7 @@ def test_format_and_options() -> None:
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
     ({"format": "yaml", "messages": [{"role": "user", "content": "x"}]}, "format"),
-    ({"tools": [{"type": "function", "function": {"name": ""}}], "messages": [{"role": "user", "content": "x"}]},
-     "tools.0.function.name"),
+    ({"options": {"stop": ["", "x"]}, "messages": [{"role": "user", "content": "x"}]}, "options.stop[0]"),
 ])
 def test_untranslatable_chat_bodies_name_the_field(body: dict[str, Any], field: str) -> None:
     with pytest.raises(ApiError) as info:
@@ -164,6 +166,10 @@ def test_model_routes(server: Any, client: Any) -> None:
     assert httpx.get(f"{server.base_url}/api/version").json()["version"]
 
 
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(300)}}
+"""A schema over `agentmem.tools.limits.MAX_OBJECT_PROPERTIES`: the error names the field it was sent in."""
+
+
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]}, "messages[0].images"),
     ("/api/chat", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
@@ -174,6 +180,19 @@ def test_model_routes(server: Any, client: Any) -> None:
     ("/api/chat", {"messages": "hello"}, "messages"),
     ("/api/generate", {"prompt": "x", "raw": True, "format": "json"}, "format"),
     ("/api/generate", {"prompt": "x", "images": ["AAAA"]}, "images"),
+    # the body's own validation names a bad tool: no second validation behind it (#32)
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": ""}}]},
+     "tools.0.function.name"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools.0.function.parameters"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": WIDE}}]},
+     "tools[0].function.parameters"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}], "options": {"stop": [""]}}, "options.stop[0]"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}], "format": WIDE},
+     "format"),
     ("/api/chat", [1], None),
 ])
 def test_hostile_bodies_are_ollama_400s_naming_the_field(server: Any, path: str, body: Any, field: str | None) -> None:

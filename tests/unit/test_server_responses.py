@@ -73,7 +73,7 @@ def test_translation_of_items_tools_and_format() -> None:
             {"type": "reasoning", "id": "rs_1", "summary": []},
             {"role": "developer", "content": [{"type": "input_text", "text": "Now "}, {"type": "input_text", "text": "answer."}]},
         ]})
-    msgs = [m.to_pool() for m in chat.messages]
+    msgs = list(chat.messages)
     assert msgs[0] == {"role": "system", "content": "Be brief."}
     assert msgs[1] == {"role": "user", "content": "Weather?"}
     assert msgs[2]["role"] == "assistant" and msgs[2]["content"] == "Checking."  # the text and its calls: one turn
@@ -82,19 +82,21 @@ def test_translation_of_items_tools_and_format() -> None:
     assert msgs[3:5] == [{"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
                          {"role": "tool", "tool_call_id": "call_2", "content": "rain"}]
     assert msgs[5] == {"role": "system", "content": "Now answer."}
-    assert chat.tools[0].function.name == "get_weather" and chat.tools[0].function.strict is True
+    assert chat.tools[0].name == "get_weather" and chat.tools[0].field == "tools[0].parameters"
     assert chat.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
-    assert (chat.max_completion_tokens, chat.temperature, chat.top_p, chat.parallel_tool_calls) == (20, 0.0, 0.5, False)
+    s = chat.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, chat.parallel_tool_calls) == (20, 0.0, 0.5, False)
 
 
 def test_string_input_json_schema_and_previous_conversation() -> None:
     history = normalize_input([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
     chat = _chat({"input": "more", "text": {"format": {"type": "json_schema", "name": "pet", "strict": True,
                                                        "schema": {"type": "object"}}}}, history)
-    assert [(m.role, m.content) for m in chat.messages] == [("user", "hi"), ("assistant", "hello"), ("user", "more")]
-    assert chat.response_format.type == "json_schema" and chat.response_format.json_schema.schema_ == {"type": "object"}
-    assert _chat({"input": "x", "text": {"format": {"type": "json_object"}}}).response_format.type == "json_object"
-    assert _chat({"input": "x", "text": {"format": {"type": "text"}}}).response_format.type == "text"
+    got = [(m["role"], m["content"]) for m in chat.messages]
+    assert got == [("user", "hi"), ("assistant", "hello"), ("user", "more")]
+    assert chat.output is not None and chat.output.kind == "json_schema" and chat.output.schema == {"type": "object"}
+    assert _chat({"input": "x", "text": {"format": {"type": "json_object"}}}).output.kind == "json_object"
+    assert _chat({"input": "x", "text": {"format": {"type": "text"}}}).output is None
 
 
 @pytest.mark.parametrize("body, field", [
@@ -110,6 +112,14 @@ def test_string_input_json_schema_and_previous_conversation() -> None:
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input[0].output"),
     ({"input": ["just a string"]}, "input[0]"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    # checked by the conversion itself: there is no second validation behind it (#32)
+    ({"input": "x", "tools": [{**WEATHER, "description": 3}]}, "tools[0].description"),
+    ({"input": "x", "tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters"),
+    ({"input": "x", "tools": [{**WEATHER, "strict": "yes"}]}, "tools[0].strict"),
+    ({"input": "x", "tools": [{**WEATHER, "name": "f" * 129}]}, "tools[0].name"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": 3, "schema": {}}}}, "text.format.name"),
+    ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+    ({"input": "x", "stop": ["", "x"]}, "stop"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
     ({"input": []}, "input"),
@@ -243,6 +253,10 @@ def test_sse_lines_name_their_event(server: Any) -> None:
     assert "[DONE]" not in body
 
 
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(300)}}
+"""A schema over `agentmem.tools.limits.MAX_OBJECT_PROPERTIES`: the error names the field it was sent in."""
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0].type"),
@@ -256,6 +270,9 @@ def test_sse_lines_name_their_event(server: Any) -> None:
     ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
     ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 5}]}, "input[0].arguments"),
+    ({"input": "x", "tools": [{**WEATHER, "parameters": WIDE}]}, "tools[0].parameters.properties"),
+    ({"input": "x", "tools": [{**WEATHER, "description": ["x"]}]}, "tools[0].description"),
+    ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
 ])
 def test_hostile_requests_are_4xx_naming_the_field(server: Any, body: dict[str, Any], param: str) -> None:
     r = httpx.post(f"{server.base_url}/v1/responses", content=json.dumps(body),  # ASCII: a lone surrogate as \\ud800

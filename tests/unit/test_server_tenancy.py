@@ -221,10 +221,8 @@ def test_model_listings_show_a_tenant_only_its_own(tiny_model_path: Path, tiny_q
                                                    tmp_path: Path) -> None:
     """#33 F6: with several models `/v1/models` showed every key each model's agents across tenants, its calls
     in flight and its load counts (key B watched key A create a conversation and run a call); `/api/ps` too."""
-    from agentmem.models import ModelPool
-
-    team = ModelPool({"llama": str(tiny_model_path), "qwen": str(tiny_qwen2_path)}, archive_dir=tmp_path,
-                     n_ctx=1024, resident_agents=2, n_threads=1, prefetch_models=False)
+    team = MemoryPool(models={"llama": str(tiny_model_path), "qwen": str(tiny_qwen2_path)}, archive_dir=tmp_path,
+                      n_ctx=1024, resident_agents=2, n_threads=1, prefetch_models=False)
     (tmp_path / "keys.json").write_text(json.dumps({"keys": [{"key": ADMIN}, {"key": KEY_A, "prefix": "a/"},
                                                              {"key": KEY_B, "prefix": "b/"}]}))
     keys = KeyRing.build(keys_file=tmp_path / "keys.json")
