@@ -184,7 +184,8 @@ def parse_apps(d: dict[str, Any]) -> list[Metric]:
 
 
 PARSERS: dict[str, Callable[[dict[str, Any]], list[Metric]]] = {
-    "switch": parse_switch, "switch-cpu": parse_switch_cpu, "sharing": parse_sharing, "serve": parse_serve, "apps": parse_apps,
+    "switch": parse_switch, "switch-cpu": parse_switch_cpu, "sharing": parse_sharing, "serve": parse_serve,
+    "apps": parse_apps,
 }
 
 
@@ -315,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                 for side in order:
                     out = logs / f"{n}-{side}-{rep}.json"
                     data, wall = run_one(trees[side], BENCHES[n], out, out.with_suffix(".log"), args.timeout)
-                    walls.append({"bench": n, "side": side, "rep": rep, "wall_s": round(wall, 1), "ok": data is not None})
+                    walls.append({"bench": n, "side": side, "rep": rep, "wall_s": round(wall, 1),
+                                  "ok": data is not None})
                     logger.info("rep %d %-7s %-6s %5.0f s%s", rep, n, side, wall, "" if data else " FAILED")
                     if data is not None:
                         runs.add(n, side, PARSERS[n](data))
@@ -325,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [w for w in walls if not w["ok"]]
     report = "\n".join([
         f"`{command}` — before `{shas['before'][:9]}` ({args.ref}), after `{shas['after'][:9]}`"
-        + (" (with uncommitted changes to agentmem/ or integrations/)" if dirty else "") + f"; {args.reps} repetition(s) per side, interleaved "
-        f"(ABBA), medians; one llama.cpp thread; C kernels built: before {native['before']}, after {native['after']}; "
+        + (" (with uncommitted changes to agentmem/ or integrations/)" if dirty else "")
+        + f"; {args.reps} repetition(s) per side, interleaved (ABBA), medians; one llama.cpp thread; "
+        f"C kernels built: before {native['before']}, after {native['after']}; "
         f"{time.perf_counter() - t_start:.0f} s in all.",
         "",
         f"uptime at start: `{start}`  ",
