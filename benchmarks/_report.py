@@ -3,17 +3,65 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def load() -> list[float]:
     """The 1/5/15-minute load averages, rounded (recorded next to every measurement)."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def git_sha(ref: str = "HEAD", tree: Path = ROOT) -> str:
+    """The full commit id `ref` names in the repository at `tree`."""
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", f"{ref}^{{commit}}"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def ref_tree(ref: str, *, at: Path | None = None) -> Iterator[Path]:
+    """A detached git worktree of revision `ref` of this repository, for measuring it in the same run.
+
+    Args:
+        ref: a commit, branch or tag.
+        at: where to keep the worktree. A worktree already there at `ref`'s commit is reused
+            (a second run skips the checkout); one at another commit is moved to `ref`. Kept after the
+            block. Without `at`, a temporary worktree is made and removed after the block.
+
+    Yields:
+        The worktree's root (its `agentmem` and `integrations` go first on `PYTHONPATH`).
+    """
+    sha = git_sha(ref)
+    if at is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp) / "ref"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True,
+                           capture_output=True)
+            try:
+                yield tree
+            finally:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
+                               capture_output=True)
+        return
+    if (at / ".git").exists():
+        if git_sha("HEAD", at) != sha:
+            subprocess.run(["git", "-C", str(at), "checkout", "--detach", "--force", sha], check=True,
+                           capture_output=True)
+    else:
+        at.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False, capture_output=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(at), sha], check=True,
+                       capture_output=True)
+    yield at
 
 
 def mib(n: float) -> str:

@@ -51,6 +51,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks._report import ref_tree  # noqa: E402
+
 logger = logging.getLogger("benchmarks.call_overhead")
 
 
@@ -175,19 +178,12 @@ def measure(template: str, sizes: list[int], repeat: int) -> list[dict[str, Any]
 
 def run_ref(ref: str, argv: list[str]) -> list[dict[str, Any]]:
     """This script's rows on git revision `ref` (a temporary worktree; this script's copy runs there)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "ref"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
-                       capture_output=True)
-        try:
-            out = Path(tmp) / "ref.json"
-            env = {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'integrations'}"}
-            cmd = [sys.executable, __file__, "--tree", str(tree), "--json", str(out), *argv]
-            subprocess.run(cmd, check=True, env=env)
-            return json.loads(out.read_text())["rows"]
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
-                           capture_output=True)
+    with ref_tree(ref) as tree, tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ref.json"
+        env = {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'integrations'}"}
+        cmd = [sys.executable, __file__, "--tree", str(tree), "--json", str(out), *argv]
+        subprocess.run(cmd, check=True, env=env)
+        return json.loads(out.read_text())["rows"]
 
 
 def table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None, ref_name: str) -> str:
