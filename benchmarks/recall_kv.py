@@ -3,9 +3,9 @@
 A span (facts of ``benchmarks/_recall_set.py``, cut to 64 / 256 / 1024 tokens) is first
 computed in an *original* conversation (its own system prompt and opening) and its cells
 captured (`agentmem.engine.splice.capture_span`), as eviction would archive them. A *new*
-conversation (another prefix, of other length) is live; the span is recalled into it
-(a user turn "Recalled from earlier: …"), then a question about a fact of the span and the
-assistant header follow. Two ways, timed from the live prefix to the first token's logits:
+conversation (another prefix — four turns of small talk, of other length) is live; the span
+is recalled into it (a user turn "Recalled from earlier: …"), then a question about a fact
+of the span ("From the recalled notes: <its paraphrase question>", which shares no word with it) and the assistant header follow. Two ways, timed from the live prefix to the first token's logits:
 
 * ``text`` — the span's tokens and the question prefilled (what recall does without KV);
   its next-token distribution is the reference (a full re-prefill of the conversation);
@@ -75,14 +75,14 @@ def greedy(ctx: LlamaContext, model: LlamaModel, idx: int, pos: int) -> list[int
 
 
 def sample(model: LlamaModel, n: int, i: int) -> tuple[list[int], str]:
-    """`n` tokens of facts (from fact `i` on) and the keyword question about the first of them."""
+    """`n` tokens of facts (from fact `i` on) and the question paraphrasing the first of them."""
     facts = FACTS[i:] + FACTS[:i]
     toks: list[int] = []
     k = 0
     while len(toks) < n:
         toks += model.tokenize(facts[k % len(facts)].text + " ")
         k += 1
-    return toks[:n], facts[0].keyword
+    return toks[:n], facts[0].paraphrase
 
 
 def run_one(ctx: LlamaContext, model: LlamaModel, n: int, i: int, reps: int) -> list[dict[str, float | str]]:
@@ -94,10 +94,11 @@ def run_one(ctx: LlamaContext, model: LlamaModel, n: int, i: int, reps: int) -> 
     ctx.decode_run(ORIG, orig + span, 0)
     kv = capture_span(ctx, seq=ORIG, p0=len(orig), p1=len(orig) + n, tokens=span, scratch=SCRATCH)
     ctx.seq_rm(ORIG)
-    talk = "".join(chatml("user", FILLER[(i + j) % len(FILLER)]) + chatml("assistant", "Noted.") for j in range(4))
+    talk = "".join(chatml("user", FILLER[(i + 2 * j) % len(FILLER)])
+                   + chatml("assistant", FILLER[(i + 2 * j + 1) % len(FILLER)]) for j in range(4))
     prefix = tok(chatml("system", "You are a helpful assistant. Answer briefly.") + talk
                  + "<|im_start|>user\nRecalled from earlier in our conversation:\n")
-    tail = tok(f"<|im_end|>\n{chatml('user', question)}<|im_start|>assistant\n")
+    tail = tok(f"<|im_end|>\n{chatml('user', 'From the recalled notes: ' + question)}<|im_start|>assistant\n")
     ctx.decode_run(LIVE, prefix, 0)
     p = len(prefix)
 
