@@ -27,45 +27,54 @@ class SplicePolicy:
     """When a recalled span comes back as KV, and how many of its first tokens are recomputed.
 
     Measured by `python benchmarks/recall_kv.py` (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, f16 KV,
-    one CPU thread on a shared 2-core machine at load 3-8; 4 spans per length; TTFT from the
-    live prefix to the answer's first logits, median of 2; KL (nats) of that next-token
-    distribution against a full re-prefill):
+    one CPU thread on a shared 2-core machine at load 2-4; 4 spans per length, each asked
+    about one of its facts by paraphrase; TTFT from the live prefix to the answer's first
+    logits, median of 2; KL (nats) of that next-token distribution against a full
+    re-prefill; "answer": the greedy reply names the fact's answer):
 
-    ====== ============ ======== ======= ======== ========
-    tokens way          TTFT ms  vs text KL mean  KL max
-    ====== ============ ======== ======= ======== ========
-    64     text         1239     1.00x   0        0
-    64     splice h=0   407      3.05x   0.033    0.052
-    64     splice h=4   518      2.39x   0.016    0.036
-    64     splice h=16  830      1.49x   0.013    0.035
-    256    text         8840     1.00x   0        0
-    256    splice h=4   1168     7.57x   0.014    0.023
-    1024   text         34060    1.00x   0        0
-    1024   splice h=0   1768     19.3x   0.022    0.040
-    1024   splice h=4   2211     15.4x   0.018    0.032
-    1024   splice h=16  2652     12.8x   0.015    0.024
-    ====== ============ ======== ======= ======== ========
+    ====== ============ ======== ======= ======== ======== ======
+    tokens way          TTFT ms  vs text KL mean  KL max   answer
+    ====== ============ ======== ======= ======== ======== ======
+    64     text         1592     1.00x   0        0        0.75
+    64     splice h=0   641      2.49x   0.015    0.021    0.50
+    64     splice h=4   738      2.16x   0.016    0.030    0.75
+    64     splice h=16  888      1.79x   0.012    0.024    0.50
+    64     no span      486      3.28x   0.127    0.186    0.00
+    256    text         3768     1.00x   0        0        0.75
+    256    splice h=0   574      6.57x   0.010    0.015    0.50
+    256    splice h=4   761      4.95x   0.009    0.012    0.75
+    256    splice h=16  972      3.88x   0.007    0.011    0.75
+    1024   text         12184    1.00x   0        0        0.50
+    1024   splice h=4   617      19.7x   0.006    0.011    0.25
+    1024   splice h=16  745      16.4x   0.004    0.005    0.25
+    ====== ============ ======== ======= ======== ======== ======
 
-    Leaving the span out altogether costs KL 0.37-0.53: a splice healed by 4 costs 3-5 % of
-    that. Hence the rule: splice every span of at least 64 tokens (the
-    shortest measured; it already paid 2.4x, and a shorter span is one eviction block or two,
-    whose prefill costs little more than loading its blob) and heal 4 tokens (half the KL of
-    no healing for about 0.1 s; 16 buys little more and costs three times as much). The KL
-    does not grow with the span's length up to 1024, so no upper bound is set. A context that
-    cannot splice (`splice_supported`: a sliding-window model without `swa_full`, or
-    per-sequence streams) always prefills.
+    Hence the rule: splice a span of 64 to 256 tokens (at 64 the shortest measured, it
+    already paid 2.2x; a shorter span is an eviction block or two, whose prefill costs
+    little more than loading its blob), healing 4 tokens — there its answers equal the
+    re-prefill's, where no healing lost one of four at both lengths. At 1024 tokens the
+    splice is 20x faster and its KL the smallest, but it lost one of the two answers the
+    re-prefill gave (1 of 4 against 2 of 4): too few to trust, so such spans stay text
+    (`max_tokens`) until a larger run says otherwise. A context that cannot splice
+    (`splice_supported`: a sliding-window model without `swa_full`, or per-sequence
+    streams) always prefills.
 
     Attributes:
         min_tokens: spans shorter than this are prefilled as text.
+        max_tokens: spans longer than this are prefilled as text.
         heal: tokens at the span's start recomputed after the new prefix (EPIC's seam repair).
     """
 
     min_tokens: int = 64
+    max_tokens: int = 256
     heal: int = 4
 
     def __post_init__(self) -> None:
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 1:
             raise ConfigError(f"min_tokens must be an int >= 1, got {self.min_tokens!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
+                or self.max_tokens < self.min_tokens:
+            raise ConfigError(f"max_tokens must be an int >= min_tokens ({self.min_tokens}), got {self.max_tokens!r}")
         if isinstance(self.heal, bool) or not isinstance(self.heal, int) or self.heal < 0:
             raise ConfigError(f"heal must be an int >= 0, got {self.heal!r}")
 
@@ -76,7 +85,7 @@ class SplicePolicy:
             n_tokens: the span's length.
             supported: whether the context can splice (`agentmem.engine.splice.splice_supported`).
         """
-        if not supported or n_tokens < self.min_tokens:
+        if not supported or not self.min_tokens <= n_tokens <= self.max_tokens:
             return None
         return min(self.heal, n_tokens)
 

@@ -132,13 +132,17 @@ def test_sliding_window_without_swa_full_does_not_qualify(tiny_gemma3_path: Path
 
 
 def test_policy_decides_by_length_and_support() -> None:
-    policy = SplicePolicy(min_tokens=128, heal=4)
+    policy = SplicePolicy(min_tokens=128, max_tokens=512, heal=4)
     assert policy.decide(n_tokens=127, supported=True) is None
     assert policy.decide(n_tokens=128, supported=True) == 4
-    assert policy.decide(n_tokens=4096, supported=False) is None
+    assert policy.decide(n_tokens=512, supported=True) == 4
+    assert policy.decide(n_tokens=513, supported=True) is None
+    assert policy.decide(n_tokens=256, supported=False) is None
     assert SplicePolicy(min_tokens=8, heal=16).decide(n_tokens=8, supported=True) == 8  # never beyond the span
     with pytest.raises(ConfigError, match="min_tokens"):
         SplicePolicy(min_tokens=0)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SplicePolicy(min_tokens=64, max_tokens=32)
     with pytest.raises(ConfigError, match="heal"):
         SplicePolicy(heal=-1)
 
