@@ -8,6 +8,8 @@
   tokenization that keeps message text apart from control tokens).
 * `context` owns one context: `LlamaContext` (sequences, batched decode, state get/set)
   and its `TokenBatch`.
+* `splice` takes a span's cells out of one sequence (`capture_span`) and puts them into another
+  at a new position, shifted, the first tokens recomputed (`splice_span`): recall as KV.
 * `threads` picks the llama.cpp thread count when `n_threads` is 0.
 * `llama_log` routes llama.cpp's log through `logging` (`agentmem.llama`), expected
   restore failures at DEBUG.

@@ -7,6 +7,8 @@
 * `wordpiece` — BERT's WordPiece tokenizer for it, from its `tokenizer.json`.
 * `index` — `RecallIndex`: embeds evicted spans and archives them with their vectors in
   one transaction; searches by vector, keyword or both (reciprocal rank fusion).
+* `as_kv` — recall as KV: `SplicePolicy` (when a recalled span's archived cells pay over
+  its text, from `benchmarks/recall_kv.py`) and `KVRecaller`, which splices or prefills.
 
 The vectors themselves live in the archive (`agentmem.archive.vectors`); the pool's
 `MemoryPool.recall` searches through its `RecallIndex`.
