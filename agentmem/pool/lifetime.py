@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator, TypeVar
 
+from agentmem.engine import shared_weights
 from agentmem.errors import CallCancelledError, PoolClosedError
 
 __all__ = ["Cancel", "Lifetime", "free_pool", "in_use"]
@@ -229,4 +230,4 @@ def free_pool(core: Any, prefetcher: Any, mover: Any, executor: Any) -> None:
             if core.recall_store is not core.archive:
                 core.recall_store.close()
             core.ctx.close()
-            core.model.close()
+            shared_weights.release(core.model)  # frees the weights unless another pool holds them
