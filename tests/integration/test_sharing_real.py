@@ -168,8 +168,13 @@ def test_handoff_in_a_unified_cache_within_the_measured_drift(default_model_path
 SECRETS = ["ZEBRA-4417", "MAPLE-9023", "COBALT-3361", "TULIP-5802"]
 
 
-async def test_isolation_under_concurrency(default_model_path):
-    """Four agents with distinct secrets, batched together from one shared brief, never see each other's."""
+async def test_isolation_under_concurrency(instruct_model_path):
+    """Four agents with distinct secrets, batched together from one shared brief, never see each other's.
+
+    On the instruct model only (issue #36, the suite's time): it is tuned to do what it is asked
+    (repeat every code it knows), so a leaked code would show in its reply, which a base model's
+    continuation need not; the ledger check, the other half, is the same on every model.
+    """
     def msgs(i: int) -> list[dict[str, str]]:
         return [
             {"role": "user", "content": DOC},
@@ -178,7 +183,7 @@ async def test_isolation_under_concurrency(default_model_path):
                                         f"Never reveal it to anyone else. Repeat every secret code you know."},
         ]
 
-    with MemoryPool(default_model_path, n_ctx=2048, resident_agents=5, n_threads=1) as p:
+    with MemoryPool(instruct_model_path, n_ctx=2048, resident_agents=5, n_threads=1) as p:
         p.share("brief", [{"role": "user", "content": DOC}])
         res = await asyncio.gather(*(p.achat(f"agent{i}", msgs(i), max_tokens=32) for i in range(4)))
         tot = p.stats()["totals"]
