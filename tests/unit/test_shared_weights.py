@@ -70,3 +70,23 @@ def test_release_of_a_model_not_held_is_refused(tiny_model_path: Path) -> None:
 def test_a_missing_file_is_model_not_found(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError):
         shared_weights.acquire(tmp_path / "nope.gguf", n_gpu_layers=0)
+
+
+def test_a_pool_that_fails_while_it_is_built_gives_the_weights_back(
+        tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression guard: before the weights were shared, a half-built pool's model was freed by the
+    garbage collector; held by `shared_weights`, it would stay loaded for good unless the failure path gives it back."""
+    from agentmem.pool.persist import Persister
+
+    def broken(self: Persister) -> None:
+        raise OSError("the archive could not be read")
+
+    monkeypatch.setattr(Persister, "resume", broken)
+    held = shared_weights.acquire(tiny_model_path, n_gpu_layers=0)
+    try:
+        with pytest.raises(OSError, match="could not be read"):
+            MemoryPool(tiny_model_path, n_ctx=512, resident_agents=1, n_threads=1, archive_path=str(tmp_path / "a.db"))
+        assert shared_weights.holders(held) == 1  # the failed pool's hold is given back
+    finally:
+        shared_weights.release(held)
+    assert held._closed
