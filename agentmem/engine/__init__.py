@@ -6,6 +6,8 @@
   the backend a model runs on (`backend_name`, part of a state's fingerprint).
 * `llama_model` owns the loaded model: `LlamaModel` (weights, vocabulary, chat template,
   tokenization that keeps message text apart from control tokens).
+* `shared_weights` hands every pool of the process one loaded `LlamaModel` per GGUF file
+  (`acquire`, `release`: freed with its last user); each pool keeps its own context and KV.
 * `context` owns one context: `LlamaContext` (sequences, batched decode, state get/set)
   and its `TokenBatch`.
 * `splice` takes a span's cells out of one sequence (`capture_span`) and puts them into another

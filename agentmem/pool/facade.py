@@ -27,7 +27,7 @@ from agentmem.engine.chat_format import Message, normalize_tools
 from agentmem.engine.sampling import SamplingParams
 from agentmem.errors import ConfigError, PoolClosedError
 from agentmem.pool.hints import HintMethods
-from agentmem.pool.lifetime import Lifetime, free_pool, in_use
+from agentmem.pool.lifetime import Lifetime, free_handles, free_pool, in_use
 from agentmem.pool.lines import LineMethods
 from agentmem.pool.opening import open_core, wire
 from agentmem.pool.operations import AgentMethods
@@ -99,16 +99,22 @@ class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods, RecallM
         self.model_path, self.model, self.ctx = core.model_path, core.model, core.ctx
         self.renderer, self.fingerprint, self.capacity = core.renderer, core.fingerprint, core.capacity
         archive = core.archive
-        for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
-            core.codec(spec)
-        c = wire(core, after_call=lambda agent_id: self._prefetcher.after_call(agent_id))
-        self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
-        self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
-        self._hints = c.hints
-        self._closed = False
-        if archive is not None and self._resume_on_open:
+        try:
+            for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+                core.codec(spec)
+            c = wire(core, after_call=lambda agent_id: self._prefetcher.after_call(agent_id))
+            self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
+            self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
+            self._hints = c.hints
+            self._closed = False
+            if archive is not None and self._resume_on_open:
+                with core.lock:
+                    self._persist.resume()
+        except BaseException:  # a pool that is not built frees what it holds (the shared weights included)
+            self._closed = True
             with core.lock:
-                self._persist.resume()
+                free_handles(core)
+            raise
         # async calls wait on the pool most of the time: give them enough threads that
         # every resident agent can be in a decode batch (asyncio's default pool has cpu+4)
         self._executor = ThreadPoolExecutor(max_workers=max(32, 4 * cfg.resident_agents), thread_name_prefix="agentmem")

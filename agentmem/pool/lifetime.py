@@ -33,9 +33,10 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator, TypeVar
 
+from agentmem.engine import shared_weights
 from agentmem.errors import CallCancelledError, PoolClosedError
 
-__all__ = ["Cancel", "Lifetime", "free_pool", "in_use"]
+__all__ = ["Cancel", "Lifetime", "free_handles", "free_pool", "in_use"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,9 +225,17 @@ def free_pool(core: Any, prefetcher: Any, mover: Any, executor: Any) -> None:
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
         with core.lock:  # a prefetch restore that outlived prefetcher.stop's wait holds it
-            if core.archive is not None:
-                core.archive.close()
-            if core.recall_store is not core.archive:
-                core.recall_store.close()
-            core.ctx.close()
-            core.model.close()
+            free_handles(core)
+
+
+def free_handles(core: Any) -> None:
+    """Close the archive, the recall store and the context, and give the weights back (under `core.lock`).
+
+    Also what a pool that fails while it is being built frees (`MemoryPool.__init__`).
+    """
+    if core.archive is not None:
+        core.archive.close()
+    if core.recall_store is not core.archive:
+        core.recall_store.close()
+    core.ctx.close()
+    shared_weights.release(core.model)  # frees the weights unless another pool holds them

@@ -19,6 +19,7 @@ from agentmem.config import PoolConfig
 from agentmem.engine.renderer import ChatRenderer
 from agentmem.engine.context import ContextParams, LlamaContext, LlamaModel, llama_build_info
 from agentmem.engine.native_first import backend_name
+from agentmem.engine import shared_weights
 from agentmem.memory.parking import make_park_codec
 from agentmem.memory.tiers import build_tiers
 from agentmem.model import model_fingerprint, resolve_model_path
@@ -56,7 +57,8 @@ def open_core(cfg: PoolConfig) -> PoolCore:
     model_path = resolve_model_path(cfg.model_path)
     placement = _validate_names(cfg)
     unified = choose_kv_layout(cfg) == "unified"
-    model = LlamaModel(model_path, n_gpu_layers=cfg.n_gpu_layers)
+    # the weights are the process's: a pool on a file another pool holds reuses its loaded model
+    model = shared_weights.acquire(model_path, n_gpu_layers=cfg.n_gpu_layers)
     ctx: LlamaContext | None = None
     archive: ArchiveBase | None = None
     try:
@@ -74,7 +76,7 @@ def open_core(cfg: PoolConfig) -> PoolCore:
             archive.close()
         if ctx is not None:
             ctx.close()
-        model.close()
+        shared_weights.release(model)
         raise
     return PoolCore(
         config=cfg, model_path=model_path, model=model, ctx=ctx, renderer=renderer, tiers=tiers, archive=archive,

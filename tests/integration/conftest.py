@@ -4,7 +4,9 @@ Every test that takes `default_model_path` runs once per bundled model: Gemma 3 
 (base, Q4_K_M; the default, always installed by `agentmem-kv[model]`) and
 Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, `agentmem-kv[instruct]`), which is skipped with a
 reason when its extra is absent. pytest orders the tests so each model's module
-fixtures (pools) are built once per model.
+fixtures (pools) are built once per model. Each installed bundled model's weights are
+loaded once for the session (`_held_weights`): every pool a test opens on it runs its own
+context on those weights (`agentmem.engine.shared_weights`) instead of loading the file again.
 
 Tests that only make sense on one model say so:
 
@@ -23,9 +25,12 @@ Tests that only make sense on one model say so:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from agentmem.config import default_gpu_layers
+from agentmem.engine import shared_weights
 from agentmem.errors import ModelNotFoundError
 from agentmem.model import BUNDLED_MODELS, DEFAULT_MODEL, resolve_model_path
 
@@ -76,3 +81,22 @@ def gemma_model_path() -> Path:
 def instruct_model_path() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct only, for tests of what needs an instruct model (native tool calls)."""
     return _bundled(INSTRUCT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _held_weights() -> Iterator[None]:
+    """Hold each installed bundled model's weights for the session: pools reuse them, no test reloads them.
+
+    Only the weights are shared (read-only in llama.cpp): every pool still builds its own context,
+    KV cache and state, so a test sees nothing another left behind.
+    """
+    held = []
+    for name in REAL_MODELS:
+        try:
+            path = resolve_model_path(name)
+        except ModelNotFoundError:
+            continue  # the test that needs it skips (or fails, for the default model) with the reason
+        held.append(shared_weights.acquire(path, n_gpu_layers=default_gpu_layers()))
+    yield
+    for model in held:
+        shared_weights.release(model)

@@ -104,6 +104,8 @@ def _ttft(pool: MemoryPool, agent: str, lazy: bool) -> float:
     return r.timings.ttft_s
 
 
+# a timing benchmark (7 cold prefills, ~19 s in CI): `make test-slow`; the other tests here keep the behaviour
+@pytest.mark.slow
 def test_a_free_tool_turn_starts_as_fast_as_a_plain_turn(instruct_model_path: Path) -> None:
     """Interleaved cold turns of the same prompt (no prefix sharing): the lazy grammar costs its setup only."""
     with MemoryPool(instruct_model_path, n_ctx=2048, resident_agents=1, n_threads=1,

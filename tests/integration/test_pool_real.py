@@ -104,9 +104,13 @@ def test_streaming_equals_non_streaming(pool):
     assert s.result.usage.completion_tokens == full.usage.completion_tokens
 
 
-async def test_concurrent_achat_equals_sequential(default_model_path):
+async def test_concurrent_achat_equals_sequential(gemma_model_path):
     """4 agents called concurrently through achat: isolated, and bit for bit the replies of
     one by one.
+
+    On Gemma only (the suite's time, issue #36): what is tested is the pool's concurrency
+    (interleaved calls, per-call buffers, per-sequence streams), the same on every model;
+    Qwen2.5's per-sequence exactness is test_agent_reply_identical_whether_or_not_another_ran's.
 
     Per-sequence KV streams: each agent's cells start at slot 0 of its own stream however
     the calls interleave, and every decode call holds one agent's tokens (`batch_decode=False`),
@@ -119,9 +123,9 @@ async def test_concurrent_achat_equals_sequential(default_model_path):
     agents = ["planner", "coder", "reviewer", "writer"]
     opts = dict(n_ctx=4096, resident_agents=4, n_threads=1, batch_decode=False, min_share_tokens=0,
                 kv_layout="per_sequence")
-    with MemoryPool(default_model_path, **opts) as p:
+    with MemoryPool(gemma_model_path, **opts) as p:
         one_by_one = {a: p.chat(a, history(a, 2), max_tokens=16).tokens for a in agents}
-    with MemoryPool(default_model_path, **opts) as p:
+    with MemoryPool(gemma_model_path, **opts) as p:
         results = await asyncio.gather(*(p.achat(a, history(a, 2), max_tokens=16) for a in agents))
         for r in results:
             prompt = p.renderer.render(history(r.agent_id, 2)).tokens

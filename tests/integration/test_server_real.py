@@ -24,9 +24,12 @@ class Verdict(BaseModel):
     confidence: int
 
 
-def test_agents_switch_by_restore_over_http(default_model_path: Path) -> None:
-    """Two agents share one live sequence: every switch parks one and restores the other."""
-    pool = MemoryPool(str(default_model_path), n_ctx=4096, resident_agents=1, n_threads=1)
+def test_agents_switch_by_restore_over_http(gemma_model_path: Path) -> None:
+    """Two agents share one live sequence: every switch parks one and restores the other.
+
+    On Gemma only (the suite's time, issue #36): the HTTP layer is the same on every model;
+    Qwen2.5 over HTTP is test_native_tool_loop_reuses_the_calls_kv, its restores test_pool_real's."""
+    pool = MemoryPool(str(gemma_model_path), n_ctx=4096, resident_agents=1, n_threads=1)
     try:
         with ServerThread(create_app(pool, settings=ServerSettings(model_name="gemma"))) as srv, \
                 openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0) as client:

@@ -168,8 +168,13 @@ def test_handoff_in_a_unified_cache_within_the_measured_drift(default_model_path
 SECRETS = ["ZEBRA-4417", "MAPLE-9023", "COBALT-3361", "TULIP-5802"]
 
 
-async def test_isolation_under_concurrency(default_model_path):
-    """Four agents with distinct secrets, batched together from one shared brief, never see each other's."""
+async def test_isolation_under_concurrency(instruct_model_path):
+    """Four agents with distinct secrets, batched together from one shared brief, never see each other's.
+
+    On the instruct model only (issue #36, the suite's time): it is tuned to do what it is asked
+    (repeat every code it knows), so a leaked code would show in its reply, which a base model's
+    continuation need not; the ledger check, the other half, is the same on every model.
+    """
     def msgs(i: int) -> list[dict[str, str]]:
         return [
             {"role": "user", "content": DOC},
@@ -178,7 +183,7 @@ async def test_isolation_under_concurrency(default_model_path):
                                         f"Never reveal it to anyone else. Repeat every secret code you know."},
         ]
 
-    with MemoryPool(default_model_path, n_ctx=2048, resident_agents=5, n_threads=1) as p:
+    with MemoryPool(instruct_model_path, n_ctx=2048, resident_agents=5, n_threads=1) as p:
         p.share("brief", [{"role": "user", "content": DOC}])
         res = await asyncio.gather(*(p.achat(f"agent{i}", msgs(i), max_tokens=32) for i in range(4)))
         tot = p.stats()["totals"]
@@ -264,10 +269,12 @@ def test_decode_multi_isolated_and_close_to_decode_run(default_model_path):
 
 
 @pytest.mark.usefixtures("unified_kv_only")
-def test_join_from_parked_team_uses_the_parked_share(default_model_path):
+def test_join_from_parked_team_uses_the_parked_share(gemma_model_path):
     """Regression: with everything parked, a new agent must still start from the declared share.
 
     (The pool used to pick the longest parked match, fail to cut it, and prefill.)
+    On Gemma only: the bug needs a sliding window (below); on a model without one the
+    parked member can be cut anywhere and the scenario does not arise.
 
     A parked state keeps only the last 512 positions of Gemma 3's sliding-window
     layers, so a parked donor can be cut only within one token of its end. The
@@ -275,7 +282,7 @@ def test_join_from_parked_team_uses_the_parked_share(default_model_path):
     ``_copy_prefix`` rejects; the parked share (exactly the brief) would work.
     """
     long_doc = " ".join(f"Rule {i}: {DOC}" for i in range(10))
-    with MemoryPool(default_model_path, **opts()) as p:
+    with MemoryPool(gemma_model_path, **opts()) as p:
         msgs = lambda q: [{"role": "user", "content": long_doc}, {"role": "assistant", "content": ACK},  # noqa: E731
                           {"role": "user", "content": q}]
         n = p.share("brief", [{"role": "user", "content": long_doc}])
