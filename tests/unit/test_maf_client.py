@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from agentmem.tools.lazy import LazyGrammar
@@ -133,8 +134,8 @@ class _Renderer:
         self.pool = pool
 
     def render(self, messages: Any, tools: Any = None) -> Any:
-        class _Prompt:
-            tokens = [] if self.pool.kv_matches else [-1]
+        class _Prompt:  # what `CallRunner.kv_holds` reads of a `RenderedPrompt`: its token ids
+            ids = np.array([] if self.pool.kv_matches else [-1], dtype=np.int32)
         return _Prompt()
 
 
