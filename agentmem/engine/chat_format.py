@@ -33,7 +33,6 @@ import abc
 import dataclasses
 import json
 import logging
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -172,8 +171,11 @@ class RenderedPrompt:
         spans = [] if spans is None else spans
         ids = np.asarray(tokens, dtype=np.int32) if ids is None else ids
         table = span_table(spans) if table is None else table
-        ids.flags.writeable = False
-        table.flags.writeable = False
+        self._assign(spans, ids, table, tokens)
+
+    def _assign(self, spans: list[Span], ids: np.ndarray, table: np.ndarray, tokens: list[int] | None) -> None:
+        """Set the fields once, past the frozen `__setattr__` (construction and unpickling)."""
+        ids.flags.writeable = table.flags.writeable = False
         for name, value in (("spans", spans), ("ids", ids), ("table", table), ("_tokens", tokens)):
             object.__setattr__(self, name, value)
 
@@ -203,10 +205,7 @@ class RenderedPrompt:
         return self.spans, self.ids, self.table, self._tokens
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        spans, ids, table, tokens = state
-        ids.flags.writeable = table.flags.writeable = False
-        for name, value in (("spans", spans), ("ids", ids), ("table", table), ("_tokens", tokens)):
-            object.__setattr__(self, name, value)
+        self._assign(*state)
 
     def __repr__(self) -> str:
         return f"RenderedPrompt(tokens={self.tokens!r}, spans={self.spans!r})"
