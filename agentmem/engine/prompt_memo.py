@@ -40,7 +40,7 @@ import marshal
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from agentmem.engine.chat_format import Message, RenderedPrompt
 
@@ -185,7 +185,13 @@ class RenderMemo:
         ending with `sent`'s message there, each compared whole (its bytes begin `sent`'s).
         """
         with self._lock:
-            for n in range(sent.n, 0, -1):
+            # walk whichever is shorter: the lengths kept, or the conversation's own (per-call work
+            # bounded by the memo, not by the history)
+            if len(self._lengths) < sent.n:
+                lengths: Iterable[int] = sorted((n for n in self._lengths if n <= sent.n), reverse=True)
+            else:
+                lengths = range(sent.n, 0, -1)
+            for n in lengths:
                 if n not in self._lengths:
                     continue
                 for hit in self._where.get((seed, n, sent.end(n)), ()):
