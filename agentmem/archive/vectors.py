@@ -227,10 +227,10 @@ class VectorsMixin(ArchiveCore):
             ids, mat = np.array([int(r[0]) for r in rows], dtype=np.int64), _matrix(rows, q.size, model)
             if not self._tx_depth:  # rows a rollback may yet undo are not cached
                 hot.put(agent_id, model, ids, mat, token=token)
-            return _top(ids.tolist(), mat, q, k)
+            return _top(ids, mat, q, k)
         if part.matrix.shape[1] != q.size:
             raise ConfigError(f"vectors of {model!r} in the archive are not {q.size}-d like the query")
-        return _top(part.ids.tolist(), part.matrix, q, k)
+        return _top(part.ids, part.matrix, q, k)
 
 
 def _matrix(rows: Sequence[Any], dim: int, model: str) -> np.ndarray:
@@ -241,8 +241,11 @@ def _matrix(rows: Sequence[Any], dim: int, model: str) -> np.ndarray:
     return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(rows), dim)
 
 
-def _top(ids: Sequence[int], mat: np.ndarray, q: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """`(span_id, cosine)` of the `k` rows of `mat` nearest `q`, best first (ties: the earlier row)."""
+def _top(ids: Sequence[int] | np.ndarray, mat: np.ndarray, q: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """`(span_id, cosine)` of the `k` rows of `mat` nearest `q`, best first (ties: the earlier row).
+
+    Only the `k` chosen ids are read (a hot partition's id array is not copied per search).
+    """
     if not len(ids):
         return []
     sims = mat @ q
