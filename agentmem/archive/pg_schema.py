@@ -150,6 +150,20 @@ CREATE TABLE span_vectors (
 CREATE INDEX span_vectors_agent ON span_vectors(agent_id, model);
 """
 
+_V7 = """
+CREATE TABLE span_kv (
+    span_id  bigint PRIMARY KEY REFERENCES evicted_spans(id) ON DELETE CASCADE,
+    agent_id text NOT NULL,
+    model    text NOT NULL,
+    pos0     bigint NOT NULL,
+    n_tokens bigint NOT NULL,
+    tokens   bytea NOT NULL,
+    blob     bytea NOT NULL
+);
+ALTER TABLE span_kv ALTER COLUMN blob SET STORAGE EXTERNAL;
+CREATE INDEX span_kv_agent ON span_kv(agent_id);
+"""
+
 PG_MIGRATIONS: list[tuple[str, str]] = [
     ("_v1_initial", _V1),
     ("_v2_event_indexes", _V2),
@@ -157,6 +171,7 @@ PG_MIGRATIONS: list[tuple[str, str]] = [
     ("_v4_state_checkpoints", _V4),
     ("_v5_leases", _V5),
     ("_v6_span_vectors", _V6),
+    ("_v7_span_kv", _V7),
 ]
 """`(name, SQL script)` per schema version, named like the SQLite step of the same version."""
 

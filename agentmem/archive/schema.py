@@ -203,8 +203,32 @@ def _v6_span_vectors(db: Database) -> None:
     )
 
 
+def _v7_span_kv(db: Database) -> None:
+    """Version 7: an evicted span's KV cells (`agentmem.archive.spankv`), deleted with its span.
+
+    `model` is the fingerprint of the model and cache layout that wrote the blob (it loads
+    nowhere else); `tokens` the span's token ids (int32 little-endian), which a state blob
+    does not keep; `pos0` the position of its first cell in the blob.
+    """
+    db.executescript(
+        """
+        CREATE TABLE span_kv (
+            span_id  INTEGER PRIMARY KEY REFERENCES evicted_spans(id) ON DELETE CASCADE,
+            agent_id TEXT NOT NULL,
+            model    TEXT NOT NULL,
+            pos0     INTEGER NOT NULL,
+            n_tokens INTEGER NOT NULL,
+            tokens   BLOB NOT NULL,
+            blob     BLOB NOT NULL
+        );
+        CREATE INDEX span_kv_agent ON span_kv(agent_id);
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [
     _v1_initial, _v2_event_indexes, _v3_state_blocks, _v4_state_checkpoints, _v5_leases, _v6_span_vectors,
+    _v7_span_kv,
 ]
 """Schema steps in order; step `i` takes a file from version `i` to `i + 1`."""
 
@@ -213,7 +237,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 TABLES = (
     "agents", "ledgers", "states", "events", "evicted_spans", "shared_blocks", "state_blocks", "state_checkpoints",
-    "leases", "lease_log", "span_vectors",
+    "leases", "lease_log", "span_vectors", "span_kv",
 )
 """Every table of the newest schema, in the order `Archive.stats` reports them."""
 
@@ -229,6 +253,7 @@ PAYLOAD_SQL = {
     "leases": "length(agent_id) + coalesce(length(owner), 0)",
     "lease_log": "length(agent_id) + length(owner) + length(kind)",
     "span_vectors": "length(vec)",
+    "span_kv": "length(tokens) + length(blob)",
 }
 """Per table, the SQL expression summing a row's stored payload bytes (valid SQL for both backends)."""
 

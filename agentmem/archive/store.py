@@ -23,6 +23,7 @@ from agentmem.archive.events import EventsMixin
 from agentmem.archive.leases import LeasesMixin
 from agentmem.archive.postgres import PostgresConnection, is_postgres_url
 from agentmem.archive.records import ArchiveStats, TableStats, VacuumResult
+from agentmem.archive.spankv import SpanKVMixin
 from agentmem.archive.states import StatesMixin
 from agentmem.errors import ArchiveError
 
@@ -31,7 +32,7 @@ __all__ = ["Archive", "ArchiveBase", "PostgresArchive", "open_archive"]
 logger = logging.getLogger(__name__)
 
 
-class ArchiveBase(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin, LeasesMixin):
+class ArchiveBase(AgentsMixin, StatesMixin, EventsMixin, BlocksMixin, LeasesMixin, SpanKVMixin):
     """The archive API both backends implement (use it in type hints); see `Archive` for the methods."""
 
     @abc.abstractmethod

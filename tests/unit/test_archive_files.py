@@ -135,9 +135,9 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _make_v1(path)
     with Archive(path) as a:
-        assert a.schema_version == SCHEMA_VERSION == 6
+        assert a.schema_version == SCHEMA_VERSION == 7
         tables = set(a._db.table_names())  # type: ignore[union-attr]
-        assert {"state_blocks", "state_checkpoints", "span_vectors"} <= tables
+        assert {"state_blocks", "state_checkpoints", "span_vectors", "span_kv"} <= tables
         names = {ix.name for ix in a._db["events"].indexes}  # type: ignore[index,union-attr]
         assert {"events_agent", "events_ts"} <= names
         led = a.get_ledger("old")
@@ -145,7 +145,7 @@ def test_v1_archive_is_migrated(tmp_path: Path) -> None:
         assert a.get_agent("old").priority == 2 and a.events("old")[0].kind == "park"
         assert a.fts_enabled
     version = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    assert version == ("6",)
+    assert version == ("7",)
 
 
 def test_readonly_does_not_migrate(tmp_path: Path) -> None:
