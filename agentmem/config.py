@@ -180,6 +180,14 @@ class PoolConfig:
             on the eviction path is the TTFT of the call; a pool that never recalls
             never embeds) or `evict` (in the call that evicts, in the spans' own
             transaction: the first recall is as fast as later ones).
+        recall_kv: keep an evicted span's KV cells beside its text (issue #34, recall as
+            KV; off by default): at eviction, each evicted run that
+            `agentmem.recall.as_kv.SplicePolicy` would splice (64-256 tokens of one
+            message) is copied out through a scratch sequence — the context opens one
+            sequence above `resident_agents` — and stored in the archive's `span_kv`
+            table (`recall_stats()` counts `kv_captured`, `kv_capture_bytes`, ...). Only
+            a unified cache that can shift positions qualifies (`splice_supported`);
+            elsewhere nothing is captured.
     """
 
     model_path: str | None = None
@@ -220,6 +228,7 @@ class PoolConfig:
     recall_embedder: str = "auto"
     recall_mode: str = "vector"
     recall_embed: str = "recall"
+    recall_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -268,6 +277,10 @@ class PoolConfig:
             raise ConfigError(f"recall_embed must be recall or evict, got {self.recall_embed!r}")
         if not isinstance(self.recall_embedder, str) or not self.recall_embedder:
             raise ConfigError(f"recall_embedder must be a name or a URL, got {self.recall_embedder!r}")
+        if not isinstance(self.recall_kv, bool):
+            raise ConfigError(f"recall_kv must be a bool, got {self.recall_kv!r}")
+        if self.recall_kv and self.resident_agents > 255:
+            raise ConfigError("recall_kv needs a scratch sequence: resident_agents must be <= 255")
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 
     def to_dict(self) -> dict[str, Any]:

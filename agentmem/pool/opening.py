@@ -102,7 +102,7 @@ def _open_context(model: LlamaModel, cfg: PoolConfig, *, unified: bool) -> Llama
         model,
         ContextParams(
             n_ctx=cfg.n_ctx,
-            n_seq_max=cfg.resident_agents,
+            n_seq_max=cfg.resident_agents + (cfg.recall_kv and unified),  # recall_kv's scratch (pool/kvcapture.py)
             n_batch=cfg.n_batch,
             n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
             n_threads=cfg.n_threads,

@@ -72,5 +72,11 @@ class RecallMethods:
 
     def recall_stats(self) -> dict[str, Any]:
         """The recall index's counters: spans embedded (and seconds spent), embedding errors,
-        spans backfilled, searches (and seconds), plus the embedder's name and the mode."""
-        return self._core.recall.snapshot()
+        spans backfilled, searches (and seconds), plus the embedder's name and the mode; with
+        `PoolConfig.recall_kv`, the capture of evicted spans' cells (`agentmem.pool.kvcapture`)."""
+        core = self._core
+        out = core.recall.snapshot()
+        if core.config.recall_kv:
+            with core.lock:
+                out.update(core.span_kv.stats(), kv_enabled=core.span_kv.enabled)
+        return out

@@ -3,7 +3,9 @@
 `Trimmer.evict` asks the agent's eviction strategy which token ranges to drop,
 has the agent's sequence drop them (`AgentSeq.evict`: the cells removed, each kept
 segment shifted once, the ledger marked) and writes the evicted text as recall
-rows with their vectors (searchable by meaning and by keyword through `MemoryPool.recall`).
+rows with their vectors (searchable by meaning and by keyword through `MemoryPool.recall`),
+and — with `PoolConfig.recall_kv` — the cells of the spans worth splicing back
+(`agentmem.pool.kvcapture`), copied out before the sequence drops them.
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ class Trimmer:
         if not ranges:
             return time.perf_counter() - t0
         assert a.kv is not None, f"{a.id=}"
+        captured = core.span_kv.capture(a, ranges)  # recall_kv: the cells worth keeping, before they go
         hist = a.kv.evict(ranges)
-        self._archive_text(a, hist)
+        ids, rows = self._archive_text(a, hist)
+        if captured:
+            core.span_kv.store(a, ids, rows, captured)
         a.counters["evictions"] += 1
         a.counters["evicted_tokens"] += int(hist.size)
         core.totals["evictions"] += 1
@@ -54,8 +59,8 @@ class Trimmer:
         logger.debug("agent %r: evicted %d tokens in %d ranges (%.2f ms)", a.id, hist.size, len(ranges), 1e3 * dt)
         return dt
 
-    def _archive_text(self, a: AgentState, hist: np.ndarray) -> None:
-        """Evicted text to the recall store, one row per contiguous run of one message."""
+    def _archive_text(self, a: AgentState, hist: np.ndarray) -> tuple[list[int], list[tuple[int, int, str, str]]]:
+        """Evicted text to the recall store, one row per contiguous run of one message; the rows' ids and the rows."""
         led = a.ledger
         msg_of = led.messages[hist]
         cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msg_of) != 0)) + 1
@@ -65,9 +70,9 @@ class Trimmer:
             if run.size:
                 text = self.core.model.detokenize(led.tokens[run].tolist())
                 rows.append((int(run[0]), int(run[-1]) + 1, REGIONS[regs[run[0]]], text))
-        if rows:
-            self.core.recall.add(a.id, rows)  # with their vectors, in one transaction
+        ids = self.core.recall.add(a.id, rows) if rows else []  # with their vectors, in one transaction
         counts = np.bincount(regs[hist], minlength=len(REGIONS))
         for i, c in enumerate(counts):
             if c:
                 a.evicted_regions[REGIONS[i]] = a.evicted_regions.get(REGIONS[i], 0) + int(c)
+        return ids, rows

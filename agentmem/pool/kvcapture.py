@@ -1,0 +1,122 @@
+"""Recall as KV, its first half: an evicted span's KV cells copied out before eviction drops them.
+
+With `PoolConfig.recall_kv` (off by default) `Trimmer.evict` asks `SpanCapture.capture`
+for the cells of each live range the eviction policy picked, *before* `AgentSeq.evict`
+removes them, and `SpanCapture.store` writes them beside the span's archived text
+(`Archive.put_span_kv`, table `span_kv`) once the text rows have ids.
+
+A range is captured when it is one archived row (consecutive history tokens of one
+message: the rows `Trimmer` writes) and `agentmem.recall.as_kv.SplicePolicy` would splice
+a span of its length (64-256 tokens); the copy goes through a scratch sequence the pool's
+context keeps for it (`n_seq_max` one above `resident_agents`: sequence id
+`resident_agents`, never an agent's). A context that cannot splice
+(`agentmem.engine.splice.splice_supported`: per-sequence streams, a sliding-window model
+without `swa_full`) captures nothing. The blobs are tagged with a digest of the pool's
+state fingerprint (model, KV types, layout, llama.cpp build), so a blob is only ever read
+back by a pool whose cells it fits.
+
+Counters (in `MemoryPool.recall_stats()` when on): `kv_captured` ranges and their
+`kv_capture_bytes`, `kv_stored` rows written, `kv_capture_skipped` ranges the policy
+leaves as text (or that are not one row), `kv_capture_failed` copies llama.cpp refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from agentmem.engine.splice import SpanKV, capture_span, splice_supported
+from agentmem.errors import AgentMemError, EngineError
+from agentmem.recall.as_kv import SplicePolicy
+
+if TYPE_CHECKING:
+    from agentmem.pool.state import AgentState, PoolCore
+
+__all__ = ["SpanCapture", "fingerprint_digest"]
+
+logger = logging.getLogger(__name__)
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    """A short, stable name for a pool's state fingerprint (the `model` of its `span_kv` rows)."""
+    raw = json.dumps(fingerprint, sort_keys=True, default=str).encode()
+    return "fp:" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+class SpanCapture:
+    """Copies evicted spans' cells out and stores them (one per pool; lock held by the caller).
+
+    Args:
+        core: the pool's state; its config's `recall_kv` turns capture on.
+        policy: which span lengths are worth keeping (default `SplicePolicy()`).
+
+    Attributes:
+        enabled: whether anything is captured (`recall_kv` on and the context can splice).
+        scratch: the sequence the cells pass through.
+        counters: see the module docstring.
+    """
+
+    def __init__(self, core: PoolCore, *, policy: SplicePolicy | None = None) -> None:
+        cfg = core.config
+        self.core = core
+        self.policy = policy or SplicePolicy()
+        self.scratch = cfg.resident_agents
+        self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx))
+        self.model = fingerprint_digest(core.fingerprint)
+        self.counters = {"kv_captured": 0, "kv_capture_bytes": 0, "kv_stored": 0, "kv_capture_skipped": 0,
+                         "kv_capture_failed": 0}
+        if cfg.recall_kv and not self.enabled:
+            logger.info("recall_kv: this context cannot splice KV (per-sequence streams or a sliding window "
+                        "without swa_full); evicted spans are kept as text only")
+
+    def capture(self, a: AgentState, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], SpanKV]:
+        """The cells of each range of `a`'s live positions worth keeping, keyed by its history `(start, end)`.
+
+        Call it before `AgentSeq.evict(ranges)`; nothing of the agent's sequence changes.
+        """
+        if not self.enabled or a.kv is None:
+            return {}
+        led = a.ledger
+        live_idx = np.flatnonzero(led.live)
+        out: dict[tuple[int, int], SpanKV] = {}
+        for s, e in ranges:
+            hist = live_idx[s:e]
+            one_row = hist.size == e - s and int(hist[-1] - hist[0]) + 1 == hist.size \
+                and bool((led.messages[hist] == led.messages[hist[0]]).all())
+            if not one_row or self.policy.decide(n_tokens=e - s, supported=True) is None:
+                self.counters["kv_capture_skipped"] += 1
+                continue
+            try:
+                kv = capture_span(self.core.ctx, seq=a.kv.id, p0=s, p1=e, tokens=led.tokens[hist].tolist(),
+                                  scratch=self.scratch)
+            except EngineError as exc:
+                self.counters["kv_capture_failed"] += 1
+                logger.debug("agent %r: cells [%d, %d) not captured: %s", a.id, s, e, exc)
+                continue
+            out[(int(hist[0]), int(hist[-1]) + 1)] = kv
+            self.counters["kv_captured"] += 1
+            self.counters["kv_capture_bytes"] += int(kv.blob.nbytes)
+        return out
+
+    def store(self, a: AgentState, ids: Sequence[int], rows: Sequence[tuple[int, int, str, str]],
+              captured: dict[tuple[int, int], SpanKV]) -> None:
+        """Write the captured cells beside the archived rows they are (`ids[i]` is `rows[i]`'s span id)."""
+        for span_id, row in zip(ids, rows):
+            kv = captured.get((row[0], row[1]))
+            if kv is None:
+                continue
+            try:
+                ok = self.core.recall_store.put_span_kv(a.id, int(span_id), blob=kv.blob, pos0=kv.pos0,
+                                                        tokens=kv.tokens, model=self.model)
+            except AgentMemError as exc:  # a full disk, a lost lease: the text is archived; the cells are a bonus
+                logger.warning("agent %r: span cells not stored: %s", a.id, exc)
+                continue
+            self.counters["kv_stored"] += int(ok)
+
+    def stats(self) -> dict[str, int]:
+        """A copy of the counters."""
+        return dict(self.counters)

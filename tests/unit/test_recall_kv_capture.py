@@ -1,0 +1,82 @@
+"""Recall as KV, capture half (`PoolConfig.recall_kv`, agentmem/pool/kvcapture.py), on the tiny model.
+
+Evicted runs of one message that `SplicePolicy` would splice (64-256 tokens) have their
+cells copied out before eviction and stored in `span_kv`; nothing is captured with the
+flag off (the default), nor on a context that cannot splice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentmem import MemoryPool
+from agentmem.config import PoolConfig
+from agentmem.engine.splice import SpanKV, splice_span
+from agentmem.errors import ConfigError
+from tests.fixtures.archives import raw_connection
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+def long_conv(n_turns: int) -> list[dict]:
+    """Turns whose user messages are long (~100+ tokens each), so an eviction block of 64 stays in one message."""
+    msgs = [{"role": "system", "content": "you are a careful assistant"}]
+    for i in range(n_turns):
+        text = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(80))
+        msgs.append({"role": "user", "content": f"note {i}: {text}"})
+        msgs.append({"role": "assistant", "content": f"noted {i}"})
+    msgs.append({"role": "user", "content": "what was note 1?"})
+    return msgs
+
+
+def _pool(path, tmp_path, **kw) -> MemoryPool:
+    return MemoryPool(path, chat_format="chatml", n_ctx=4096, resident_agents=1, n_batch=64, prefetch=False,
+                      agent_budget_tokens=512, eviction="sliding_window", eviction_block=64,
+                      archive_path=str(tmp_path / "a.db"), recall_embedder="none", **kw)
+
+
+def test_flag_off_captures_nothing_and_reports_nothing(tiny_model_path, tmp_path):
+    with _pool(tiny_model_path, tmp_path) as p:
+        p.chat("a", long_conv(12), max_tokens=2)
+        assert p.stats()["agents"]["a"]["evicted_tokens"] > 0
+        assert "kv_captured" not in p.recall_stats()
+        assert p.engine().ctx.params.n_seq_max == 1  # no scratch sequence
+        arc = p.engine()._core.recall_store
+        assert raw_connection(arc).execute("SELECT count(*) FROM span_kv").fetchone()[0] == 0
+
+
+def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_model_path, tmp_path):
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        core = p.engine()._core
+        assert core.ctx.params.n_seq_max == 2 and core.span_kv.enabled
+        p.chat("a", long_conv(12), max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_enabled"] and st["kv_captured"] >= 1 and st["kv_stored"] >= 1
+        assert st["kv_capture_bytes"] > 0
+        led = core.agents["a"].ledger
+        ids = [r[0] for r in raw_connection(core.recall_store).execute("SELECT span_id FROM span_kv").fetchall()]
+        assert len(ids) == st["kv_stored"]
+        for sid in ids:
+            got = core.recall_store.get_span_kv("a", sid, model=core.span_kv.model)
+            assert got is not None and 64 <= len(got.tokens) <= 256
+            # the stored ids are the history's tokens of some evicted, contiguous run
+            hist = np.asarray(led.tokens)
+            n = len(got.tokens)
+            starts = [i for i in range(len(hist) - n + 1) if not led.live[i] and tuple(hist[i:i + n]) == got.tokens]
+            assert starts, "stored token ids are no evicted run of the history"
+        # the blob loads back into a sequence at a new position (the splice half's primitive)
+        ctx = core.ctx
+        got = core.recall_store.get_span_kv("a", ids[0], model=core.span_kv.model)
+        seq, live = core.agents["a"].seq, core.agents["a"].ledger.n_live
+        kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens)
+        splice_span(ctx, kv, seq=seq, pos0=live, heal=4, scratch=core.span_kv.scratch)
+        assert ctx.seq_pos_max(seq) == live + kv.n - 1
+        ctx.seq_rm(seq, live, -1)
+
+
+def test_recall_kv_needs_a_free_sequence_id():
+    with pytest.raises(ConfigError, match="recall_kv"):
+        PoolConfig(resident_agents=256, recall_kv=True)
+    with pytest.raises(ConfigError, match="recall_kv"):
+        PoolConfig(recall_kv=1)
