@@ -101,6 +101,14 @@ class SpanKVMixin(ArchiveCore):
             )
         return True
 
+    def span_kv_tokens(self, agent_id: str, *, model: str) -> list[tuple[int, tuple[int, ...]]]:
+        """`(span_id, token ids)` of every span of `agent_id` whose cells `model` wrote (no blob is read), oldest first."""
+        _check_agent_id(agent_id)
+        with self._reading("span_kv_tokens") as db:
+            rows = db.execute("SELECT span_id, tokens FROM span_kv WHERE agent_id = ? AND model = ? ORDER BY span_id",
+                              [agent_id, model]).fetchall()
+        return [(int(r[0]), tuple(int(t) for t in np.frombuffer(bytes(r[1]), dtype="<i4"))) for r in rows]
+
     def get_span_kv(self, agent_id: str, span_id: int, *, model: str) -> StoredSpanKV | None:
         """The kept cells of span `span_id` of `agent_id` written by `model`, or None (none kept, another model)."""
         _check_agent_id(agent_id)

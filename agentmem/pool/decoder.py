@@ -79,10 +79,15 @@ class Decoder:
         with core.lock:
             start = 0
             idx = -1
+            # recall_kv: stored spans found verbatim in the prompt go in as their cells (pool/kvcapture.py)
+            kv_plan = core.span_kv.plan(a, tokens) if core.span_kv.enabled else []
             while start < n:
                 if cancel is not None:
                     cancel.check()
-                chunk = tokens[start : start + step]
+                if kv_plan and kv_plan[0][0] == start:
+                    start = self._insert_span(a, tokens, kv_plan.pop(0), spans, budget, t)
+                    continue
+                chunk = tokens[start : min(start + step, kv_plan[0][0] if kv_plan else n)]
                 if budget and a.ledger.n_live + len(chunk) + 1 > budget:
                     target = max(0, min(int(budget * core.config.eviction_low), budget - len(chunk) - 1))
                     t.evict_s += self.trimmer.evict(a, target)
@@ -113,6 +118,30 @@ class Decoder:
             if sampler is None:
                 return None
             return sampler.sample(ctx.ptr, idx)
+
+    def _insert_span(self, a: AgentState, tokens: Sequence[int], match: tuple[int, int, int], spans: Any,
+                     budget: int, t: Timings) -> int:
+        """Put the stored span `match` (`start, end, span_id` in `tokens`) into `a`'s sequence; the next start."""
+        core = self.core
+        s, e, span_id = match
+        span = list(tokens[s:e])
+        if budget and a.ledger.n_live + len(span) + 1 > budget:
+            t.evict_s += self.trimmer.evict(a, max(0, min(int(budget * core.config.eviction_low), budget - len(span) - 1)))
+        pos0 = a.ledger.n_live
+        if pos0 + len(span) >= core.capacity:
+            raise ContextOverflowError(f"agent {a.id!r} would hold {pos0 + len(span)} tokens; capacity is {core.capacity}",
+                                       n_tokens=pos0 + len(tokens) - s, capacity=core.capacity)
+        seq = a.seq
+        assert seq is not None, f"{a.id=}"
+        if self._fitting(a, lambda: core.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id)) is None:
+            raise ContextOverflowError(f"the shared context ({core.ctx.n_ctx} cells) is full and no idle agent can be "
+                                       f"parked; raise n_ctx or lower resident_agents",
+                                       n_tokens=pos0 + len(tokens) - s, capacity=core.ctx.n_ctx)
+        if spans is None:
+            a.ledger.extend(span, None, region="assistant", message=a.n_messages)
+        else:
+            a.ledger.extend(span, spans)
+        return e
 
     def _fitting(self, keep: AgentState, decode: Callable[[], _T]) -> _T | None:
         """`decode()`, parking idle agents while the cache is full; None when nothing is left to park."""

@@ -1,4 +1,4 @@
-"""Recall as KV, its first half: an evicted span's KV cells copied out before eviction drops them.
+"""Recall as KV: an evicted span's KV cells copied out before eviction drops them, spliced back when its tokens return.
 
 With `PoolConfig.recall_kv` (off by default) `Trimmer.evict` asks `SpanCapture.capture`
 for the cells of each live range the eviction policy picked, *before* `AgentSeq.evict`
@@ -15,9 +15,19 @@ without `swa_full`) captures nothing. The blobs are tagged with a digest of the 
 state fingerprint (model, KV types, layout, llama.cpp build), so a blob is only ever read
 back by a pool whose cells it fits.
 
+The other half is in the prefill (`Decoder.prefill`): `SpanCapture.plan` finds, in the
+tokens a call is about to decode, each stored span's exact token ids (a recall block quoting
+an evicted line holds them: a line's tokens do not depend on what came before it, bar its
+first word), and `SpanCapture.insert` puts the span's cells there
+(`agentmem.recall.as_kv.KVRecaller`: spliced, the first `heal` tokens recomputed; prefilled
+as text when the blob is gone or llama.cpp refuses it). A match that would end the prompt
+is left to the text path (the prompt's last logits must come from a decode).
+
 Counters (in `MemoryPool.recall_stats()` when on): `kv_captured` ranges and their
 `kv_capture_bytes`, `kv_stored` rows written, `kv_capture_skipped` ranges the policy
-leaves as text (or that are not one row), `kv_capture_failed` copies llama.cpp refused.
+leaves as text (or that are not one row), `kv_capture_failed` copies llama.cpp refused;
+`kv_matched` spans found in a prompt, `kv_spliced` / `kv_prefilled` (and their `_tokens`)
+how they went in, `kv_splice_failed` blobs llama.cpp rejected (prefilled instead).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import numpy as np
 
 from agentmem.engine.splice import SpanKV, capture_span, splice_supported
 from agentmem.errors import AgentMemError, EngineError
-from agentmem.recall.as_kv import SplicePolicy
+from agentmem.recall.as_kv import KVRecaller, SplicePolicy
 
 if TYPE_CHECKING:
     from agentmem.pool.state import AgentState, PoolCore
@@ -68,7 +78,8 @@ class SpanCapture:
         self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx))
         self.model = fingerprint_digest(core.fingerprint)
         self.counters = {"kv_captured": 0, "kv_capture_bytes": 0, "kv_stored": 0, "kv_capture_skipped": 0,
-                         "kv_capture_failed": 0}
+                         "kv_capture_failed": 0, "kv_matched": 0}
+        self.recaller = KVRecaller(core.ctx, policy=self.policy, scratch=self.scratch) if self.enabled else None
         if cfg.recall_kv and not self.enabled:
             logger.info("recall_kv: this context cannot splice KV (per-sequence streams or a sliding window "
                         "without swa_full); evicted spans are kept as text only")
@@ -117,6 +128,60 @@ class SpanCapture:
                 continue
             self.counters["kv_stored"] += int(ok)
 
+    def plan(self, a: AgentState, tokens: Sequence[int]) -> list[tuple[int, int, int]]:
+        """`(start, end, span_id)` of stored spans of `a` found verbatim in `tokens`, in order, not overlapping.
+
+        A match must end before the last token (the prompt's logits come from a decode).
+        """
+        n = len(tokens)
+        if not self.enabled or n <= self.policy.min_tokens:
+            return []
+        try:
+            index = self.core.recall_store.span_kv_tokens(a.id, model=self.model)
+        except AgentMemError as exc:
+            logger.warning("agent %r: stored span cells not listed: %s", a.id, exc)
+            return []
+        if not index:
+            return []
+        arr = np.asarray(tokens, dtype=np.int64)
+        found: list[tuple[int, int, int]] = []
+        for span_id, toks in index:
+            k = len(toks)
+            if not self.policy.min_tokens <= k <= self.policy.max_tokens or k >= n:
+                continue
+            want = np.asarray(toks, dtype=np.int64)
+            for i in np.flatnonzero(arr[: n - k] == want[0]):
+                if np.array_equal(arr[i : i + k], want):
+                    found.append((int(i), int(i) + k, span_id))
+                    break
+        found.sort(key=lambda m: (m[0], -(m[1] - m[0])))
+        out: list[tuple[int, int, int]] = []
+        for m in found:
+            if not out or m[0] >= out[-1][1]:
+                out.append(m)
+        self.counters["kv_matched"] += len(out)
+        return out
+
+    def insert(self, a: AgentState, *, seq: int, pos0: int, tokens: Sequence[int], span_id: int) -> str:
+        """Put the stored span `span_id` (whose ids are `tokens`) into `seq` at `pos0...`: `"spliced"` or `"prefilled"`.
+
+        Raises:
+            EngineError: the text prefill failed (no room in the context).
+        """
+        assert self.recaller is not None, "insert needs recall_kv on a context that can splice"
+        try:
+            got = self.core.recall_store.get_span_kv(a.id, span_id, model=self.model)
+        except AgentMemError as exc:
+            logger.warning("agent %r: span cells not read: %s", a.id, exc)
+            got = None
+        kv = None
+        if got is not None and got.tokens == tuple(int(t) for t in tokens):
+            kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens)
+        return self.recaller.insert(seq=seq, pos0=pos0, tokens=tokens, kv=kv)
+
     def stats(self) -> dict[str, int]:
-        """A copy of the counters."""
-        return dict(self.counters)
+        """A copy of the counters (the splice's with a `kv_` prefix)."""
+        out = dict(self.counters)
+        if self.recaller is not None:
+            out.update({f"kv_{k}": v for k, v in self.recaller.counters.items()})
+        return out

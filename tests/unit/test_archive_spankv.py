@@ -60,3 +60,13 @@ def test_bad_input_is_refused_before_any_write(arc: ArchiveBase, kwargs: dict, f
     with pytest.raises(ConfigError, match=field):
         arc.put_span_kv("a", sid, model="m1", **args)
     assert arc.get_span_kv("a", sid, model="m1") is None
+
+
+def test_token_index_lists_one_agents_spans_of_one_model(arc: ArchiveBase) -> None:
+    a1, a2 = _spans(arc, "a")
+    (b1, _) = _spans(arc, "b")
+    arc.put_span_kv("a", a1, blob=BLOB, pos0=0, tokens=[1, 2, 3], model="m1")
+    arc.put_span_kv("a", a2, blob=BLOB, pos0=0, tokens=[4, 5], model="m2")
+    arc.put_span_kv("b", b1, blob=BLOB, pos0=0, tokens=[6], model="m1")
+    assert arc.span_kv_tokens("a", model="m1") == [(a1, (1, 2, 3))]
+    assert arc.span_kv_tokens("b", model="m1") == [(b1, (6,))]

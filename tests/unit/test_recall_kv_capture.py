@@ -14,6 +14,7 @@ from agentmem import MemoryPool
 from agentmem.config import PoolConfig
 from agentmem.engine.splice import SpanKV, splice_span
 from agentmem.errors import ConfigError
+from agentmem.tools.recall import recall_block, recall_spans
 from tests.fixtures.archives import raw_connection
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
@@ -80,3 +81,53 @@ def test_recall_kv_needs_a_free_sequence_id():
         PoolConfig(resident_agents=256, recall_kv=True)
     with pytest.raises(ConfigError, match="recall_kv"):
         PoolConfig(recall_kv=1)
+
+
+def _recall_turn(p: MemoryPool) -> tuple[list[dict], list[dict]]:
+    """A first call that evicts, then the messages of a second one quoting the evicted lines in a recall block."""
+    msgs = long_conv(12)
+    r = p.chat("a", msgs, max_tokens=2)
+    got = recall_spans(p, "a", "note 1 alpha bravo charlie", 3)
+    assert got, "the first notes were evicted and are recalled by keyword"
+    block = recall_block([t for t, _ in got])
+    return msgs, msgs + [{"role": "assistant", "content": r.text}, {"role": "system", "content": block},
+                         {"role": "user", "content": "and note 2?"}]
+
+
+def _kv_consistent(p: MemoryPool) -> None:
+    core = p.engine()._core
+    a = core.agents["a"]
+    assert core.ctx.seq_pos_max(a.seq) == a.ledger.n_live - 1 and core.ctx.seq_pos_max(core.span_kv.scratch) == -1
+
+
+def test_a_recalled_span_quoted_in_the_prompt_is_spliced_as_its_cells(tiny_model_path, tmp_path):
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        first, second = _recall_turn(p)
+        r2 = p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"] and st["kv_prefilled"] == 0
+        assert st["kv_spliced_tokens"] >= 64
+        _kv_consistent(p)
+        # the ledger holds the prompt's tokens: the next call reuses the whole conversation
+        r3 = p.chat("a", second + [{"role": "assistant", "content": r2.text}, {"role": "user", "content": "ok"}],
+                    max_tokens=2)
+        assert r3.kv == "reused"
+
+
+def test_a_missing_blob_falls_back_to_the_text(tiny_model_path, tmp_path, monkeypatch):
+    """A span listed but whose cells cannot be read (deleted, another writer) is prefilled as text."""
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        first, second = _recall_turn(p)
+        store = p.engine()._core.recall_store
+        monkeypatch.setattr(store, "get_span_kv", lambda *args, **kw: None)
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == 0 and st["kv_prefilled"] == st["kv_matched"]
+        _kv_consistent(p)
+
+
+def test_the_flag_off_never_looks_for_spans(tiny_model_path, tmp_path):
+    with _pool(tiny_model_path, tmp_path) as p:
+        first, second = _recall_turn(p)
+        p.chat("a", second, max_tokens=2)
+        assert not any(k.startswith("kv_") for k in p.recall_stats())
