@@ -105,8 +105,8 @@ class SpanKVMixin(ArchiveCore):
         """`(span_id, token ids)` of every span of `agent_id` whose cells `model` wrote (no blob is read), oldest first."""
         _check_agent_id(agent_id)
         with self._reading("span_kv_tokens") as db:
-            rows = db.execute("SELECT span_id, tokens FROM span_kv WHERE agent_id = ? AND model = ? ORDER BY span_id",
-                              [agent_id, model]).fetchall()
+            rows = db.execute("SELECT span_id, tokens FROM span_kv WHERE agent_id = ? AND model = ? "
+                              "ORDER BY span_id", [agent_id, model]).fetchall()
         return [(int(r[0]), tuple(int(t) for t in np.frombuffer(bytes(r[1]), dtype="<i4"))) for r in rows]
 
     def get_span_kv(self, agent_id: str, span_id: int, *, model: str) -> StoredSpanKV | None:

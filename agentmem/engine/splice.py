@@ -8,7 +8,8 @@ comes back as cells instead of being prefilled again. Two calls:
   as a state blob (`SpanKV`): tagged for an empty scratch sequence (`seq_cp`), copied out,
   untagged. Nothing of `seq` changes.
 * `splice_span(ctx, span, seq=, pos0=, heal=, scratch=)` — the blob loaded into the scratch
-  sequence, its positions shifted to `pos0` (`seq_add`: llama.cpp re-rotates the keys, RoPE
+  sequence (cells outside the span dropped: `SpanKV.narrow` names a part of a captured
+  span), its positions shifted to `pos0` (`seq_add`: llama.cpp re-rotates the keys, RoPE
   being relative), tagged for `seq`, untagged from the scratch — all but the first `heal`
   cells, which are decoded again after the new prefix (first: llama.cpp wants a batch to
   start right after a sequence's last cell), healing the seam as EPIC
@@ -53,6 +54,16 @@ class SpanKV:
     def n(self) -> int:
         """Cells in the span."""
         return len(self.tokens)
+
+    def narrow(self, lo: int, hi: int) -> SpanKV:
+        """The part `[lo, hi)` of the span (same blob; `splice_span` drops the blob's other cells).
+
+        Raises:
+            ConfigError: not a non-empty part of the span.
+        """
+        if not 0 <= lo < hi <= self.n:
+            raise ConfigError(f"need 0 <= lo < hi <= {self.n}, got [{lo}, {hi})")
+        return SpanKV(blob=self.blob, pos0=self.pos0 + lo, tokens=self.tokens[lo:hi])
 
 
 def splice_supported(ctx: LlamaContext) -> bool:
@@ -126,8 +137,8 @@ def splice_span(ctx: LlamaContext, span: SpanKV, *, seq: int, pos0: int, heal: i
                 ctx.seq_rm(seq, pos0, -1)
             raise EngineError(f"the span's KV blob ({span.blob.nbytes} bytes) was rejected")
         try:
-            if heal:
-                ctx.seq_rm(scratch, span.pos0, span.pos0 + heal)
+            ctx.seq_rm(scratch, 0, span.pos0 + heal)  # the healed cells, and any of the blob before the span
+            ctx.seq_rm(scratch, span.pos0 + span.n, -1)  # any after it (`SpanKV.narrow`)
             if pos0 != span.pos0:
                 ctx.seq_add(scratch, span.pos0, -1, pos0 - span.pos0)
             ctx.seq_cp(scratch, seq, pos0 + heal, pos0 + span.n)

@@ -18,6 +18,7 @@ each model run by a `ModelEngine` of this package.
 * `blocks` — agents' references to shared KV blocks and where a block's bytes are kept.
 * `sharing` — prefix donors, copying cells between sequences, handoffs, privatizing shared cells.
 * `trimming` — runs the eviction policy on an agent, shifts cells, writes recall rows.
+* `kvcapture` — recall as KV (`PoolConfig.recall_kv`): evicted spans' cells kept, spliced back where they recur.
 * `persist` — archive sync (ledger + state in one transaction) and resume on open.
 * `budgets` — each tier's byte budget with watermarks, applied down the tier chain.
 * `prefetch` — the after-call worker: rebalance, restore the agent expected next.

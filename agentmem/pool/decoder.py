@@ -119,21 +119,25 @@ class Decoder:
                 return None
             return sampler.sample(ctx.ptr, idx)
 
-    def _insert_span(self, a: AgentState, tokens: Sequence[int], match: tuple[int, int, int], spans: Any,
+    def _insert_span(self, a: AgentState, tokens: Sequence[int], match: tuple[int, int, int, int], spans: Any,
                      budget: int, t: Timings) -> int:
-        """Put the stored span `match` (`start, end, span_id` in `tokens`) into `a`'s sequence; the next start."""
+        """Put the stored span `match` (`SpanCapture.plan`'s) into `a`'s sequence; the next start in `tokens`."""
         core = self.core
-        s, e, span_id = match
+        s, e, span_id, lo = match
         span = list(tokens[s:e])
         if budget and a.ledger.n_live + len(span) + 1 > budget:
-            t.evict_s += self.trimmer.evict(a, max(0, min(int(budget * core.config.eviction_low), budget - len(span) - 1)))
+            target = max(0, min(int(budget * core.config.eviction_low), budget - len(span) - 1))
+            t.evict_s += self.trimmer.evict(a, target)
         pos0 = a.ledger.n_live
         if pos0 + len(span) >= core.capacity:
-            raise ContextOverflowError(f"agent {a.id!r} would hold {pos0 + len(span)} tokens; capacity is {core.capacity}",
-                                       n_tokens=pos0 + len(tokens) - s, capacity=core.capacity)
+            raise ContextOverflowError(f"agent {a.id!r} would hold {pos0 + len(span)} tokens; "
+                                       f"capacity is {core.capacity}", n_tokens=pos0 + len(tokens) - s, capacity=core.capacity)
         seq = a.seq
         assert seq is not None, f"{a.id=}"
-        if self._fitting(a, lambda: core.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id)) is None:
+        def insert() -> str:
+            return core.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id, lo=lo)
+
+        if self._fitting(a, insert) is None:
             raise ContextOverflowError(f"the shared context ({core.ctx.n_ctx} cells) is full and no idle agent can be "
                                        f"parked; raise n_ctx or lower resident_agents",
                                        n_tokens=pos0 + len(tokens) - s, capacity=core.ctx.n_ctx)

@@ -5,9 +5,9 @@ for the cells of each live range the eviction policy picked, *before* `AgentSeq.
 removes them, and `SpanCapture.store` writes them beside the span's archived text
 (`Archive.put_span_kv`, table `span_kv`) once the text rows have ids.
 
-A range is captured when it is one archived row (consecutive history tokens of one
-message: the rows `Trimmer` writes) and `agentmem.recall.as_kv.SplicePolicy` would splice
-a span of its length (64-256 tokens); the copy goes through a scratch sequence the pool's
+Each range is cut into the rows `Trimmer` archives (consecutive history tokens of one
+message), and a row is captured when `agentmem.recall.as_kv.SplicePolicy` would splice a
+span of its length (64-256 tokens); the copy goes through a scratch sequence the pool's
 context keeps for it (`n_seq_max` one above `resident_agents`: sequence id
 `resident_agents`, never an agent's). A context that cannot splice
 (`agentmem.engine.splice.splice_supported`: per-sequence streams, a sliding-window model
@@ -16,16 +16,17 @@ state fingerprint (model, KV types, layout, llama.cpp build), so a blob is only 
 back by a pool whose cells it fits.
 
 The other half is in the prefill (`Decoder.prefill`): `SpanCapture.plan` finds, in the
-tokens a call is about to decode, each stored span's exact token ids (a recall block quoting
-an evicted line holds them: a line's tokens do not depend on what came before it, bar its
-first word), and `SpanCapture.insert` puts the span's cells there
+tokens a call is about to decode, the longest verbatim run (at least `SplicePolicy.min_tokens`)
+of each stored span's token ids (a recall block quoting an evicted line holds them: a line's
+tokens do not depend on what came before it, bar its first word), and `SpanCapture.insert`
+puts that part of the span's cells there
 (`agentmem.recall.as_kv.KVRecaller`: spliced, the first `heal` tokens recomputed; prefilled
 as text when the blob is gone or llama.cpp refuses it). A match that would end the prompt
 is left to the text path (the prompt's last logits must come from a decode).
 
 Counters (in `MemoryPool.recall_stats()` when on): `kv_captured` ranges and their
-`kv_capture_bytes`, `kv_stored` rows written, `kv_capture_skipped` ranges the policy
-leaves as text (or that are not one row), `kv_capture_failed` copies llama.cpp refused;
+`kv_capture_bytes`, `kv_stored` rows written, `kv_capture_skipped` rows the policy
+leaves as text, `kv_capture_failed` copies llama.cpp refused;
 `kv_matched` spans found in a prompt, `kv_spliced` / `kv_prefilled` (and their `_tokens`)
 how they went in, `kv_splice_failed` blobs llama.cpp rejected (prefilled instead).
 """
@@ -46,9 +47,12 @@ from agentmem.recall.as_kv import KVRecaller, SplicePolicy
 if TYPE_CHECKING:
     from agentmem.pool.state import AgentState, PoolCore
 
-__all__ = ["SpanCapture", "fingerprint_digest"]
+__all__ = ["ANCHOR", "SpanCapture", "fingerprint_digest"]
 
 logger = logging.getLogger(__name__)
+
+ANCHOR = 8
+"""Tokens a stored span and a prompt must share in a row for `SpanCapture.plan` to try a match there."""
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
@@ -96,22 +100,30 @@ class SpanCapture:
         out: dict[tuple[int, int], SpanKV] = {}
         for s, e in ranges:
             hist = live_idx[s:e]
-            one_row = hist.size == e - s and int(hist[-1] - hist[0]) + 1 == hist.size \
-                and bool((led.messages[hist] == led.messages[hist[0]]).all())
-            if not one_row or self.policy.decide(n_tokens=e - s, supported=True) is None:
-                self.counters["kv_capture_skipped"] += 1
-                continue
-            try:
-                kv = capture_span(self.core.ctx, seq=a.kv.id, p0=s, p1=e, tokens=led.tokens[hist].tolist(),
-                                  scratch=self.scratch)
-            except EngineError as exc:
-                self.counters["kv_capture_failed"] += 1
-                logger.debug("agent %r: cells [%d, %d) not captured: %s", a.id, s, e, exc)
-                continue
-            out[(int(hist[0]), int(hist[-1]) + 1)] = kv
-            self.counters["kv_captured"] += 1
-            self.counters["kv_capture_bytes"] += int(kv.blob.nbytes)
+            msgs = led.messages[hist]
+            cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msgs) != 0)) + 1
+            for off, run in zip(np.concatenate([[0], cuts]), np.split(hist, cuts)):
+                p0 = s + int(off)
+                kv = self._capture_run(a, p0, p0 + run.size, led.tokens[run].tolist())
+                if kv is not None:
+                    out[(int(run[0]), int(run[-1]) + 1)] = kv
         return out
+
+    def _capture_run(self, a: AgentState, p0: int, p1: int, tokens: list[int]) -> SpanKV | None:
+        """The cells at live positions `[p0, p1)` (one archived row), or None: not worth keeping, or refused."""
+        assert a.kv is not None, f"{a.id=}"
+        if self.policy.decide(n_tokens=p1 - p0, supported=True) is None:
+            self.counters["kv_capture_skipped"] += 1
+            return None
+        try:
+            kv = capture_span(self.core.ctx, seq=a.kv.id, p0=p0, p1=p1, tokens=tokens, scratch=self.scratch)
+        except EngineError as exc:
+            self.counters["kv_capture_failed"] += 1
+            logger.debug("agent %r: cells [%d, %d) not captured: %s", a.id, p0, p1, exc)
+            return None
+        self.counters["kv_captured"] += 1
+        self.counters["kv_capture_bytes"] += int(kv.blob.nbytes)
+        return kv
 
     def store(self, a: AgentState, ids: Sequence[int], rows: Sequence[tuple[int, int, str, str]],
               captured: dict[tuple[int, int], SpanKV]) -> None:
@@ -128,13 +140,18 @@ class SpanCapture:
                 continue
             self.counters["kv_stored"] += int(ok)
 
-    def plan(self, a: AgentState, tokens: Sequence[int]) -> list[tuple[int, int, int]]:
-        """`(start, end, span_id)` of stored spans of `a` found verbatim in `tokens`, in order, not overlapping.
+    def plan(self, a: AgentState, tokens: Sequence[int]) -> list[tuple[int, int, int, int]]:
+        """`(start, end, span_id, lo)`: `tokens[start:end]` is the stored span `span_id` from its token `lo` on.
 
-        A match must end before the last token (the prompt's logits come from a decode).
+        A part of a span counts when it is at least `SplicePolicy.min_tokens` long: a recall
+        block rewrites a quoted line's first word (`"- "` before it) and drops role lines, so
+        a span's ends rarely come back verbatim while its middle does. Matches are anchored
+        on `ANCHOR`-token runs, in prompt order, never overlapping, and end before the
+        prompt's last token (its logits must come from a decode).
         """
         n = len(tokens)
-        if not self.enabled or n <= self.policy.min_tokens:
+        lo_len = self.policy.min_tokens
+        if not self.enabled or n <= lo_len:
             return []
         try:
             index = self.core.recall_store.span_kv_tokens(a.id, model=self.model)
@@ -143,27 +160,39 @@ class SpanCapture:
             return []
         if not index:
             return []
-        arr = np.asarray(tokens, dtype=np.int64)
-        found: list[tuple[int, int, int]] = []
-        for span_id, toks in index:
-            k = len(toks)
-            if not self.policy.min_tokens <= k <= self.policy.max_tokens or k >= n:
-                continue
-            want = np.asarray(toks, dtype=np.int64)
-            for i in np.flatnonzero(arr[: n - k] == want[0]):
-                if np.array_equal(arr[i : i + k], want):
-                    found.append((int(i), int(i) + k, span_id))
-                    break
-        found.sort(key=lambda m: (m[0], -(m[1] - m[0])))
-        out: list[tuple[int, int, int]] = []
+        grams: dict[tuple[int, ...], int] = {}
+        toks = [int(t) for t in tokens]
+        for i in range(n - ANCHOR):
+            grams.setdefault(tuple(toks[i : i + ANCHOR]), i)
+        found: list[tuple[int, int, int, int]] = []
+        for span_id, span in index:
+            best: tuple[int, int, int, int] | None = None
+            o = 0
+            while o + lo_len <= len(span):
+                i = grams.get(tuple(span[o : o + ANCHOR]))
+                if i is None:
+                    o += 1
+                    continue
+                j = 0
+                while o + j < len(span) and i + j < n - 1 and span[o + j] == toks[i + j]:
+                    j += 1
+                if j >= lo_len and (best is None or j > best[1] - best[0]):
+                    best = (i, i + j, span_id, o)
+                o += max(j, 1)
+            if best is not None:
+                found.append(best)
+        found.sort(key=lambda m: (m[0], m[0] - m[1]))
+        out: list[tuple[int, int, int, int]] = []
         for m in found:
             if not out or m[0] >= out[-1][1]:
                 out.append(m)
         self.counters["kv_matched"] += len(out)
         return out
 
-    def insert(self, a: AgentState, *, seq: int, pos0: int, tokens: Sequence[int], span_id: int) -> str:
-        """Put the stored span `span_id` (whose ids are `tokens`) into `seq` at `pos0...`: `"spliced"` or `"prefilled"`.
+    def insert(self, a: AgentState, *, seq: int, pos0: int, tokens: Sequence[int], span_id: int, lo: int = 0) -> str:
+        """Put the stored span `span_id`'s tokens `lo...` (`tokens`) into `seq` at `pos0...`; how they went in.
+
+        Returns `"spliced"` or `"prefilled"` (no cells kept, or llama.cpp refused them).
 
         Raises:
             EngineError: the text prefill failed (no room in the context).
@@ -175,9 +204,10 @@ class SpanCapture:
             logger.warning("agent %r: span cells not read: %s", a.id, exc)
             got = None
         kv = None
-        if got is not None and got.tokens == tuple(int(t) for t in tokens):
-            kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens)
-        return self.recaller.insert(seq=seq, pos0=pos0, tokens=tokens, kv=kv)
+        want = tuple(int(t) for t in tokens)
+        if got is not None and got.tokens[lo : lo + len(want)] == want:
+            kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens).narrow(lo, lo + len(want))
+        return self.recaller.insert(seq=seq, pos0=pos0, tokens=want, kv=kv)
 
     def stats(self) -> dict[str, int]:
         """A copy of the counters (the splice's with a `kv_` prefix)."""

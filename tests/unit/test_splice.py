@@ -163,3 +163,21 @@ def test_recaller_splices_where_it_pays_and_prefills_elsewhere(ctx: LlamaContext
                             "splice_failed": 0}
     with pytest.raises(ConfigError, match="tokens"):
         rec.insert(seq=LIVE, pos0=53, tokens=short, kv=kv_long)
+
+
+def test_a_narrowed_span_splices_only_its_part_and_matches_its_prefill(ctx: LlamaContext) -> None:
+    """`SpanKV.narrow`: cells of the blob outside the part are dropped; the part, after the same prefix, is exact."""
+    prefix, span, tail = _tokens(ctx, 12), _tokens(ctx, 20, 12), _tokens(ctx, 3, 32)
+    ctx.decode_run(ORIG, prefix + span, 0)
+    whole = capture_span(ctx, seq=ORIG, p0=6, p1=32, tokens=(prefix + span)[6:], scratch=SCRATCH)
+    ctx.seq_rm(ORIG)
+    part = whole.narrow(6, 26)  # the span's 20 tokens, without the 6 of the prefix the blob also holds
+    assert part.tokens == tuple(span) and part.pos0 == 12
+    ref = _text_logits(ctx, prefix, span, tail)
+    ctx.decode_run(LIVE, prefix, 0)
+    splice_span(ctx, part, seq=LIVE, pos0=len(prefix), heal=0, scratch=SCRATCH)
+    assert (ctx.seq_pos_min(LIVE), ctx.seq_pos_max(LIVE)) == (0, 31) and ctx.seq_pos_max(SCRATCH) == -1
+    got = ctx.logits(ctx.decode_run(LIVE, tail, len(prefix) + len(span)))
+    np.testing.assert_allclose(got, ref, atol=2e-2 * float(np.abs(ref).max()))
+    with pytest.raises(ConfigError, match="lo < hi"):
+        whole.narrow(5, 5)
