@@ -51,6 +51,9 @@ __all__ = ["ANCHOR", "SpanCapture", "fingerprint_digest"]
 
 logger = logging.getLogger(__name__)
 
+_SPLICE_COUNTERS = ("spliced", "prefilled", "spliced_tokens", "prefilled_tokens", "splice_failed")
+"""`KVRecaller.counters`' names (reported as zeros where the context cannot splice)."""
+
 ANCHOR = 8
 """Tokens a stored span and a prompt must share in a row for `SpanCapture.plan` to try a match there."""
 
@@ -212,6 +215,6 @@ class SpanCapture:
     def stats(self) -> dict[str, int]:
         """A copy of the counters (the splice's with a `kv_` prefix)."""
         out = dict(self.counters)
-        if self.recaller is not None:
-            out.update({f"kv_{k}": v for k, v in self.recaller.counters.items()})
+        splice = self.recaller.counters if self.recaller is not None else dict.fromkeys(_SPLICE_COUNTERS, 0)
+        out.update({f"kv_{k}": v for k, v in splice.items()})
         return out

@@ -14,6 +14,7 @@ from agentmem import MemoryPool
 from agentmem.config import PoolConfig
 from agentmem.engine.splice import SpanKV, splice_span
 from agentmem.errors import ConfigError
+from agentmem.pool.kvcapture import _SPLICE_COUNTERS
 from agentmem.tools.recall import recall_block, recall_spans
 from tests.fixtures.archives import raw_connection
 
@@ -107,6 +108,7 @@ def test_a_recalled_span_quoted_in_the_prompt_is_spliced_as_its_cells(tiny_model
         st = p.recall_stats()
         assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"] and st["kv_prefilled"] == 0
         assert st["kv_spliced_tokens"] >= 64
+        assert set(p.engine()._core.span_kv.recaller.counters) == set(_SPLICE_COUNTERS)  # the disabled stats' keys
         _kv_consistent(p)
         # the ledger holds the prompt's tokens: the next call reuses the whole conversation
         r3 = p.chat("a", second + [{"role": "assistant", "content": r2.text}, {"role": "user", "content": "ok"}],
@@ -131,3 +133,27 @@ def test_the_flag_off_never_looks_for_spans(tiny_model_path, tmp_path):
         first, second = _recall_turn(p)
         p.chat("a", second, max_tokens=2)
         assert not any(k.startswith("kv_") for k in p.recall_stats())
+
+
+def test_stored_cells_splice_after_a_restart(tiny_model_path, tmp_path):
+    """The cells live in the archive: a pool reopened on it splices them (same fingerprint, same digest)."""
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        first, second = _recall_turn(p)
+        stored = p.recall_stats()["kv_stored"]
+    assert stored >= 1
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"]
+        _kv_consistent(p)
+
+
+def test_a_context_that_cannot_splice_keeps_text_only(tiny_model_path, tmp_path):
+    """Per-sequence streams (a `seq_cp` across streams copies whole streams): no scratch, nothing captured."""
+    with _pool(tiny_model_path, tmp_path, recall_kv=True, kv_layout="per_sequence") as p:
+        core = p.engine()._core
+        assert core.ctx.params.n_seq_max == 1 and not core.span_kv.enabled
+        first, second = _recall_turn(p)
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert not st["kv_enabled"] and st["kv_captured"] == st["kv_matched"] == st["kv_spliced"] == 0
