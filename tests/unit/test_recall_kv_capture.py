@@ -1,8 +1,9 @@
-"""Recall as KV, capture half (`PoolConfig.recall_kv`, agentmem/pool/kvcapture.py), on the tiny model.
+"""Recall as KV in the pool (`PoolConfig.recall_kv`, agentmem/pool/kvcapture.py), on the tiny model.
 
 Evicted runs of one message that `SplicePolicy` would splice (64-256 tokens) have their
-cells copied out before eviction and stored in `span_kv`; nothing is captured with the
-flag off (the default), nor on a context that cannot splice.
+cells copied out before eviction and stored in `span_kv`; a later prompt quoting them (a
+recall block) gets them back as cells, or as text when the cells are gone. Nothing is
+captured with the flag off (the default), nor on a context that cannot splice.
 """
 
 from __future__ import annotations
