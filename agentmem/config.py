@@ -180,14 +180,23 @@ class PoolConfig:
             on the eviction path is the TTFT of the call; a pool that never recalls
             never embeds) or `evict` (in the call that evicts, in the spans' own
             transaction: the first recall is as fast as later ones).
-        recall_kv: keep an evicted span's KV cells beside its text (issue #34, recall as
-            KV; off by default): at eviction, each evicted run that
+        recall_kv: keep an evicted span's KV cells beside its text and splice them back
+            where its tokens return (issue #34, recall as KV): `auto` (the default) does
+            it for the agents that use recall (`MemoryPool.recall`, the recall tool, the
+            memory components) from their first recall on, `True` for every agent,
+            `False` never. At eviction, each evicted run that
             `agentmem.recall.as_kv.SplicePolicy` would splice (64-256 tokens of one
-            message) is copied out through a scratch sequence — the context opens one
-            sequence above `resident_agents` — and stored in the archive's `span_kv`
-            table (`recall_stats()` counts `kv_captured`, `kv_capture_bytes`, ...). Only
-            a unified cache that can shift positions qualifies (`splice_supported`);
-            elsewhere nothing is captured.
+            message) is copied out through a scratch sequence (the context opens one
+            sequence above `resident_agents`) and stored in the archive's `span_kv`
+            table; a later prompt quoting it (a recall block) gets those cells instead
+            of a prefill of the text (`recall_stats()` counts `kv_captured`,
+            `kv_spliced`, ...). Only a unified cache that can shift positions qualifies
+            (`splice_supported`: not Gemma 3 without `swa_full`); elsewhere it is text.
+        recall_kv_codec: how kept span cells are stored (`q8_0` by default: about half
+            the bytes of f16; any `park_codec` spec, `f16` keeps llama.cpp's bytes).
+        recall_kv_keep: how many spans' cells each agent keeps (its newest; older spans
+            stay recallable as text). Bounds the archive's growth and the token lists a
+            prefill matches against.
     """
 
     model_path: str | None = None
@@ -228,7 +237,9 @@ class PoolConfig:
     recall_embedder: str = "auto"
     recall_mode: str = "vector"
     recall_embed: str = "recall"
-    recall_kv: bool = False
+    recall_kv: bool | str = "auto"
+    recall_kv_codec: str = "q8_0"
+    recall_kv_keep: int = 32
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -277,10 +288,12 @@ class PoolConfig:
             raise ConfigError(f"recall_embed must be recall or evict, got {self.recall_embed!r}")
         if not isinstance(self.recall_embedder, str) or not self.recall_embedder:
             raise ConfigError(f"recall_embedder must be a name or a URL, got {self.recall_embedder!r}")
-        if not isinstance(self.recall_kv, bool):
-            raise ConfigError(f"recall_kv must be a bool, got {self.recall_kv!r}")
-        if self.recall_kv and self.resident_agents > 255:
+        if not (isinstance(self.recall_kv, bool) or self.recall_kv == "auto"):
+            raise ConfigError(f"recall_kv must be True, False or 'auto', got {self.recall_kv!r}")
+        if self.recall_kv is True and self.resident_agents > 255:
             raise ConfigError("recall_kv needs a scratch sequence: resident_agents must be <= 255")
+        if isinstance(self.recall_kv_keep, bool) or not isinstance(self.recall_kv_keep, int) or self.recall_kv_keep < 1:
+            raise ConfigError(f"recall_kv_keep must be an int >= 1, got {self.recall_kv_keep!r}")
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple
 
     def to_dict(self) -> dict[str, Any]:

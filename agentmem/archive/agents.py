@@ -184,6 +184,7 @@ class AgentsMixin(ArchiveCore):
             db.execute("DELETE FROM events WHERE agent_id = ?", [agent_id])
             cur = db.execute("DELETE FROM agents WHERE id = ?", [agent_id])
             self._vectors_changed(agent_id)  # its spans and their vectors went with it (ON DELETE CASCADE)
+            self._span_tokens_drop(agent_id)  # and their kept cells
             return cur.rowcount > 0
 
     # ------------------------------------------------------------------ ledgers

@@ -119,6 +119,9 @@ class ArchiveCore(abc.ABC):
     def _vectors_changed(self, agent_id: str) -> None:
         """`agent_id`'s span vectors changed or are gone: drop what RAM holds of them (`VectorsMixin`)."""
 
+    def _span_tokens_drop(self, agent_id: str) -> None:
+        """`agent_id`'s kept span cells changed or are gone: drop what RAM holds of their tokens (`SpanKVMixin`)."""
+
     def _span_text_in(self, text: str) -> str:
         """Evicted text as the backend stores it (unchanged unless the backend cannot hold a character)."""
         return text

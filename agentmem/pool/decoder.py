@@ -80,7 +80,7 @@ class Decoder:
             start = 0
             idx = -1
             # recall_kv: stored spans found verbatim in the prompt go in as their cells (pool/kvcapture.py)
-            kv_plan = core.span_kv.plan(a, tokens) if core.span_kv.enabled else []
+            kv_plan = core.span_kv.plan(a, tokens)
             while start < n:
                 if cancel is not None:
                     cancel.check()

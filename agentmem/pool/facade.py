@@ -100,7 +100,7 @@ class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods, RecallM
         self.renderer, self.fingerprint, self.capacity = core.renderer, core.fingerprint, core.capacity
         archive = core.archive
         try:
-            for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec}:
+            for spec in {cfg.park_codec, cfg.cold_codec, cfg.background_codec, cfg.recall_kv_codec}:
                 core.codec(spec)
             c = wire(core, after_call=lambda agent_id: self._prefetcher.after_call(agent_id))
             self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover

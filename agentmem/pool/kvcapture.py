@@ -1,6 +1,7 @@
 """Recall as KV: an evicted span's KV cells copied out before eviction drops them, spliced back when its tokens return.
 
-With `PoolConfig.recall_kv` (off by default) `Trimmer.evict` asks `SpanCapture.capture`
+With `PoolConfig.recall_kv` (`"auto"` by default: for the agents that have used recall;
+`True`: every agent; `False`: none) `Trimmer.evict` asks `SpanCapture.capture`
 for the cells of each live range the eviction policy picked, *before* `AgentSeq.evict`
 removes them, and `SpanCapture.store` writes them beside the span's archived text
 (`Archive.put_span_kv`, table `span_kv`) once the text rows have ids.
@@ -42,6 +43,7 @@ import numpy as np
 
 from agentmem.engine.splice import SpanKV, capture_span, splice_supported
 from agentmem.errors import AgentMemError, EngineError
+from agentmem.codec import decode_state, is_encoded
 from agentmem.recall.as_kv import KVRecaller, SplicePolicy
 
 if TYPE_CHECKING:
@@ -83,20 +85,35 @@ class SpanCapture:
         self.policy = policy or SplicePolicy()
         self.scratch = cfg.resident_agents
         self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx))
+        self.every_agent = cfg.recall_kv is True
+        self.recalling: set[str] = set()  # `auto`: the agents that have recalled (`note_recall`)
         self.model = fingerprint_digest(core.fingerprint)
-        self.counters = {"kv_captured": 0, "kv_capture_bytes": 0, "kv_stored": 0, "kv_capture_skipped": 0,
-                         "kv_capture_failed": 0, "kv_matched": 0}
+        self.counters = {"kv_captured": 0, "kv_capture_bytes": 0, "kv_stored": 0, "kv_stored_bytes": 0,
+                         "kv_capture_skipped": 0, "kv_capture_failed": 0, "kv_matched": 0}
         self.recaller = KVRecaller(core.ctx, policy=self.policy, scratch=self.scratch) if self.enabled else None
-        if cfg.recall_kv and not self.enabled:
+        if cfg.recall_kv is True and not self.enabled:
             logger.info("recall_kv: this context cannot splice KV (per-sequence streams or a sliding window "
                         "without swa_full); evicted spans are kept as text only")
+
+    def active(self, agent_id: str) -> bool:
+        """Whether `agent_id`'s evictions are captured and its prompts matched (see `PoolConfig.recall_kv`)."""
+        return self.enabled and (self.every_agent or agent_id in self.recalling)
+
+    def note_recall(self, agent_id: str) -> None:
+        """`agent_id` used recall: under `recall_kv="auto"` its spans are kept as cells from now on."""
+        if self.enabled and not self.every_agent:
+            self.recalling.add(agent_id)
+
+    def forget(self, agent_id: str) -> None:
+        """`agent_id` is gone: stop tracking it."""
+        self.recalling.discard(agent_id)
 
     def capture(self, a: AgentState, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], SpanKV]:
         """The cells of each range of `a`'s live positions worth keeping, keyed by its history `(start, end)`.
 
         Call it before `AgentSeq.evict(ranges)`; nothing of the agent's sequence changes.
         """
-        if not self.enabled or a.kv is None:
+        if a.kv is None or not self.active(a.id):
             return {}
         led = a.ledger
         live_idx = np.flatnonzero(led.live)
@@ -130,18 +147,26 @@ class SpanCapture:
 
     def store(self, a: AgentState, ids: Sequence[int], rows: Sequence[tuple[int, int, str, str]],
               captured: dict[tuple[int, int], SpanKV]) -> None:
-        """Write the captured cells beside the archived rows they are (`ids[i]` is `rows[i]`'s span id)."""
+        """Write the captured cells beside the archived rows they are (`ids[i]` is `rows[i]`'s span id).
+
+        Each blob is encoded with `PoolConfig.recall_kv_codec` (`q8_0`: about half of f16's
+        bytes); the agent keeps its `recall_kv_keep` newest spans' cells.
+        """
+        cfg = self.core.config
+        codec = self.core.codec(cfg.recall_kv_codec)
         for span_id, row in zip(ids, rows):
             kv = captured.get((row[0], row[1]))
             if kv is None:
                 continue
             try:
-                ok = self.core.recall_store.put_span_kv(a.id, int(span_id), blob=kv.blob, pos0=kv.pos0,
-                                                        tokens=kv.tokens, model=self.model)
+                blob = codec.encode(kv.blob, n_tokens=kv.n).data
+                ok = self.core.recall_store.put_span_kv(a.id, int(span_id), blob=blob, pos0=kv.pos0,
+                                                        tokens=kv.tokens, model=self.model, keep=cfg.recall_kv_keep)
             except AgentMemError as exc:  # a full disk, a lost lease: the text is archived; the cells are a bonus
                 logger.warning("agent %r: span cells not stored: %s", a.id, exc)
                 continue
             self.counters["kv_stored"] += int(ok)
+            self.counters["kv_stored_bytes"] += int(blob.nbytes) if ok else 0
 
     def plan(self, a: AgentState, tokens: Sequence[int]) -> list[tuple[int, int, int, int]]:
         """`(start, end, span_id, lo)`: `tokens[start:end]` is the stored span `span_id` from its token `lo` on.
@@ -154,7 +179,7 @@ class SpanCapture:
         """
         n = len(tokens)
         lo_len = self.policy.min_tokens
-        if not self.enabled or n <= lo_len:
+        if n <= lo_len or not self.active(a.id):
             return []
         try:
             index = self.core.recall_store.span_kv_tokens(a.id, model=self.model)
@@ -209,8 +234,21 @@ class SpanCapture:
         kv = None
         want = tuple(int(t) for t in tokens)
         if got is not None and got.tokens[lo : lo + len(want)] == want:
-            kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens).narrow(lo, lo + len(want))
+            blob = self._decoded(a, got.blob)
+            if blob is not None:
+                kv = SpanKV(blob=blob, pos0=got.pos0, tokens=got.tokens).narrow(lo, lo + len(want))
         return self.recaller.insert(seq=seq, pos0=pos0, tokens=want, kv=kv)
+
+    def _decoded(self, a: AgentState, blob: np.ndarray) -> np.ndarray | None:
+        """The llama.cpp bytes of a stored blob (decoded when a codec wrote it), or None: it does not decode."""
+        if not is_encoded(blob):
+            return blob
+        try:
+            out = decode_state(blob)
+        except AgentMemError as exc:  # a damaged or hostile row: the text goes in instead
+            logger.warning("agent %r: stored span cells do not decode: %s", a.id, exc)
+            return None
+        return out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
 
     def stats(self) -> dict[str, int]:
         """A copy of the counters (the splice's with a `kv_` prefix)."""

@@ -97,12 +97,19 @@ def _validate_names(cfg: PoolConfig) -> PlacementPolicy:
 
 
 def _open_context(model: LlamaModel, cfg: PoolConfig, *, unified: bool) -> LlamaContext:
-    """The shared llama.cpp context: one sequence per resident agent, in the chosen KV layout."""
+    """The shared llama.cpp context: one sequence per resident agent, in the chosen KV layout.
+
+    Plus one where recall as KV can run (`PoolConfig.recall_kv`, `agentmem.pool.kvcapture`):
+    the scratch sequence a span's cells pass through, never an agent's. Only a unified
+    cache keeping every cell (no sliding window, or `swa_full`) gets it — elsewhere an extra
+    sequence would only grow the window cache — and llama.cpp allows 256 sequences.
+    """
+    scratch = bool(cfg.recall_kv and unified and cfg.resident_agents < 256 and (model.n_swa == 0 or cfg.swa_full))
     return LlamaContext(
         model,
         ContextParams(
             n_ctx=cfg.n_ctx,
-            n_seq_max=cfg.resident_agents + (cfg.recall_kv and unified),  # recall_kv's scratch (pool/kvcapture.py)
+            n_seq_max=cfg.resident_agents + scratch,
             n_batch=cfg.n_batch,
             n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
             n_threads=cfg.n_threads,

@@ -51,6 +51,7 @@ class RecallMethods:
         with core.lock:
             core.totals["recalls"] += 1
             core.totals["recall_hits"] += bool(res)
+            core.span_kv.note_recall(agent_id)  # recall_kv="auto": its spans are kept as cells from now on
         return res
 
     def set_recall_embedder(self, embedder: Any, *, mode: str | None = None) -> None:
@@ -76,7 +77,7 @@ class RecallMethods:
         `PoolConfig.recall_kv`, the capture of evicted spans' cells (`agentmem.pool.kvcapture`)."""
         core = self._core
         out = core.recall.snapshot()
-        if core.config.recall_kv:
+        if core.config.recall_kv is not False:
             with core.lock:
                 out.update(core.span_kv.stats(), kv_enabled=core.span_kv.enabled)
         return out

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agentmem import MemoryPool
+from agentmem.codec import decode_state, is_encoded
 from agentmem.config import PoolConfig
 from agentmem.engine.splice import SpanKV, splice_span
 from agentmem.errors import ConfigError
@@ -40,7 +41,7 @@ def _pool(path, tmp_path, **kw) -> MemoryPool:
 
 
 def test_flag_off_captures_nothing_and_reports_nothing(tiny_model_path, tmp_path):
-    with _pool(tiny_model_path, tmp_path) as p:
+    with _pool(tiny_model_path, tmp_path, recall_kv=False) as p:
         p.chat("a", long_conv(12), max_tokens=2)
         assert p.stats()["agents"]["a"]["evicted_tokens"] > 0
         assert "kv_captured" not in p.recall_stats()
@@ -50,7 +51,7 @@ def test_flag_off_captures_nothing_and_reports_nothing(tiny_model_path, tmp_path
 
 
 def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_model_path, tmp_path):
-    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+    with _pool(tiny_model_path, tmp_path, recall_kv=True, recall_kv_keep=1000) as p:
         core = p.engine()._core
         assert core.ctx.params.n_seq_max == 2 and core.span_kv.enabled
         p.chat("a", long_conv(12), max_tokens=2)
@@ -72,10 +73,66 @@ def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_mo
         ctx = core.ctx
         got = core.recall_store.get_span_kv("a", ids[0], model=core.span_kv.model)
         seq, live = core.agents["a"].seq, core.agents["a"].ledger.n_live
-        kv = SpanKV(blob=got.blob, pos0=got.pos0, tokens=got.tokens)
+        assert is_encoded(got.blob)  # q8_0 by default (recall_kv_codec)
+        kv = SpanKV(blob=np.asarray(decode_state(got.blob)), pos0=got.pos0, tokens=got.tokens)
         splice_span(ctx, kv, seq=seq, pos0=live, heal=4, scratch=core.span_kv.scratch)
         assert ctx.seq_pos_max(seq) == live + kv.n - 1
         ctx.seq_rm(seq, live, -1)
+
+
+def test_the_codec_halves_the_bytes_and_the_agent_keeps_its_newest_spans(tiny_model_path, tmp_path):
+    """`recall_kv_codec` (q8_0) stores about half of f16's bytes; `recall_kv_keep` bounds an agent's rows."""
+    with _pool(tiny_model_path, tmp_path, recall_kv=True, recall_kv_keep=3) as p:
+        p.chat("a", long_conv(12), max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_stored"] > 3
+        assert st["kv_stored_bytes"] < 0.6 * st["kv_capture_bytes"]
+        core = p.engine()._core
+        ids = [r[0] for r in raw_connection(core.recall_store).execute("SELECT span_id FROM span_kv").fetchall()]
+        assert len(ids) == 3
+        assert sorted(ids) == sorted(i for i, _ in core.recall_store.span_kv_tokens("a", model=core.span_kv.model))
+        newest = raw_connection(core.recall_store).execute("SELECT max(id) FROM evicted_spans").fetchone()[0]
+        assert max(ids) <= newest
+    (tmp_path / "f16").mkdir()
+    with _pool(tiny_model_path, tmp_path / "f16", recall_kv=True, recall_kv_codec="f16") as p:
+        p.chat("a", long_conv(12), max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_stored"] >= 1 and st["kv_stored_bytes"] > 0.9 * st["kv_capture_bytes"] / st["kv_captured"] * st["kv_stored"]
+
+
+def test_a_damaged_blob_is_prefilled_as_text(tiny_model_path, tmp_path):
+    """A hostile or corrupted `span_kv` row (its codec checksum fails) never reaches llama.cpp: the text goes in."""
+    with _pool(tiny_model_path, tmp_path, recall_kv=True) as p:
+        first, second = _recall_turn(p)
+        con = raw_connection(p.engine()._core.recall_store)
+        for sid, blob in con.execute("SELECT span_id, blob FROM span_kv").fetchall():
+            bad = bytearray(blob)
+            bad[len(bad) // 2] ^= 0xFF
+            con.execute("UPDATE span_kv SET blob = ? WHERE span_id = ?", [bytes(bad), sid])
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == 0 and st["kv_prefilled"] == st["kv_matched"]
+        _kv_consistent(p)
+
+
+def test_auto_keeps_cells_for_the_agents_that_recall_only(tiny_model_path, tmp_path):
+    """The default (`recall_kv="auto"`): an agent that never recalls pays nothing; one that does, from then on."""
+    with _pool(tiny_model_path, tmp_path) as p:
+        core = p.engine()._core
+        assert core.config.recall_kv == "auto" and core.ctx.params.n_seq_max == 2 and core.span_kv.enabled
+        p.chat("quiet", long_conv(12), max_tokens=2)
+        assert p.stats()["agents"]["quiet"]["evicted_tokens"] > 0
+        assert p.recall_stats()["kv_captured"] == 0
+        assert raw_connection(core.recall_store).execute("SELECT count(*) FROM span_kv").fetchone()[0] == 0
+        p.recall("a", "anything", 1)  # a recall before its history: the agent uses recall
+        first, second = _recall_turn(p)
+        assert p.recall_stats()["kv_stored"] >= 1
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"]
+        _kv_consistent(p)
+        p.forget("a")
+        assert "a" not in core.span_kv.recalling
 
 
 def test_recall_kv_needs_a_free_sequence_id():
@@ -83,6 +140,9 @@ def test_recall_kv_needs_a_free_sequence_id():
         PoolConfig(resident_agents=256, recall_kv=True)
     with pytest.raises(ConfigError, match="recall_kv"):
         PoolConfig(recall_kv=1)
+    assert PoolConfig(resident_agents=256).recall_kv == "auto"  # auto: no scratch there, no error
+    with pytest.raises(ConfigError, match="recall_kv_keep"):
+        PoolConfig(recall_kv_keep=0)
 
 
 def _recall_turn(p: MemoryPool) -> tuple[list[dict], list[dict]]:
@@ -130,7 +190,7 @@ def test_a_missing_blob_falls_back_to_the_text(tiny_model_path, tmp_path, monkey
 
 
 def test_the_flag_off_never_looks_for_spans(tiny_model_path, tmp_path):
-    with _pool(tiny_model_path, tmp_path) as p:
+    with _pool(tiny_model_path, tmp_path, recall_kv=False) as p:
         first, second = _recall_turn(p)
         p.chat("a", second, max_tokens=2)
         assert not any(k.startswith("kv_") for k in p.recall_stats())
