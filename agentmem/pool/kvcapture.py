@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -45,19 +46,20 @@ from agentmem.engine.splice import SpanKV, capture_span, splice_supported
 from agentmem.errors import AgentMemError, EngineError
 from agentmem.codec import decode_state, is_encoded
 from agentmem.recall.as_kv import KVRecaller, SplicePolicy
+from agentmem.recall.span_match import SpanIndex
 
 if TYPE_CHECKING:
     from agentmem.pool.state import AgentState, PoolCore
 
-__all__ = ["ANCHOR", "SpanCapture", "fingerprint_digest"]
+__all__ = ["INDEXES_KEPT", "SpanCapture", "fingerprint_digest"]
 
 logger = logging.getLogger(__name__)
 
 _SPLICE_COUNTERS = ("spliced", "prefilled", "spliced_tokens", "prefilled_tokens", "splice_failed")
 """`KVRecaller.counters`' names (reported as zeros where the context cannot splice)."""
 
-ANCHOR = 8
-"""Tokens a stored span and a prompt must share in a row for `SpanCapture.plan` to try a match there."""
+INDEXES_KEPT = 256
+"""Agents whose `SpanIndex` `SpanCapture` keeps in RAM (least recently planned dropped first)."""
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
@@ -87,6 +89,7 @@ class SpanCapture:
         self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx))
         self.every_agent = cfg.recall_kv is True
         self.recalling: set[str] = set()  # `auto`: the agents that have recalled (`note_recall`)
+        self._indexes: OrderedDict[str, tuple[Any, SpanIndex]] = OrderedDict()  # agent -> (listed, its index)
         self.model = fingerprint_digest(core.fingerprint)
         self.counters = {"kv_captured": 0, "kv_capture_bytes": 0, "kv_stored": 0, "kv_stored_bytes": 0,
                          "kv_capture_skipped": 0, "kv_capture_failed": 0, "kv_matched": 0}
@@ -107,6 +110,7 @@ class SpanCapture:
     def forget(self, agent_id: str) -> None:
         """`agent_id` is gone: stop tracking it."""
         self.recalling.discard(agent_id)
+        self._indexes.pop(agent_id, None)
 
     def capture(self, a: AgentState, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], SpanKV]:
         """The cells of each range of `a`'s live positions worth keeping, keyed by its history `(start, end)`.
@@ -174,46 +178,29 @@ class SpanCapture:
         A part of a span counts when it is at least `SplicePolicy.min_tokens` long: a recall
         block rewrites a quoted line's first word (`"- "` before it) and drops role lines, so
         a span's ends rarely come back verbatim while its middle does. Matches are anchored
-        on `ANCHOR`-token runs, in prompt order, never overlapping, and end before the
-        prompt's last token (its logits must come from a decode).
+        on `ANCHOR`-token runs (`agentmem.recall.span_match.SpanIndex`, built once per
+        change of the agent's stored spans: the work per call grows with `tokens` only), in
+        prompt order, never overlapping, and end before the prompt's last token (its logits
+        must come from a decode).
         """
         n = len(tokens)
-        lo_len = self.policy.min_tokens
-        if n <= lo_len or not self.active(a.id):
+        if n <= self.policy.min_tokens or not self.active(a.id):
             return []
         try:
-            index = self.core.recall_store.span_kv_tokens(a.id, model=self.model)
+            listed = self.core.recall_store.span_kv_tokens(a.id, model=self.model)
         except AgentMemError as exc:
             logger.warning("agent %r: stored span cells not listed: %s", a.id, exc)
             return []
-        if not index:
+        if not listed:
             return []
-        grams: dict[tuple[int, ...], int] = {}
-        toks = [int(t) for t in tokens]
-        for i in range(n - ANCHOR):
-            grams.setdefault(tuple(toks[i : i + ANCHOR]), i)
-        found: list[tuple[int, int, int, int]] = []
-        for span_id, span in index:
-            best: tuple[int, int, int, int] | None = None
-            o = 0
-            while o + lo_len <= len(span):
-                i = grams.get(tuple(span[o : o + ANCHOR]))
-                if i is None:
-                    o += 1
-                    continue
-                j = 0
-                while o + j < len(span) and i + j < n - 1 and span[o + j] == toks[i + j]:
-                    j += 1
-                if j >= lo_len and (best is None or j > best[1] - best[0]):
-                    best = (i, i + j, span_id, o)
-                o += max(j, 1)
-            if best is not None:
-                found.append(best)
-        found.sort(key=lambda m: (m[0], m[0] - m[1]))
-        out: list[tuple[int, int, int, int]] = []
-        for m in found:
-            if not out or m[0] >= out[-1][1]:
-                out.append(m)
+        got = self._indexes.get(a.id)
+        if got is None or got[0] is not listed:  # the archive's list changed: index it again
+            got = (listed, SpanIndex(listed))
+        self._indexes[a.id] = got
+        self._indexes.move_to_end(a.id)
+        while len(self._indexes) > INDEXES_KEPT:
+            self._indexes.popitem(last=False)
+        out = got[1].find(tokens, min_tokens=self.policy.min_tokens, end=n - 1)
         self.counters["kv_matched"] += len(out)
         return out
 
