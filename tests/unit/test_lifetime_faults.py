@@ -322,7 +322,7 @@ def test_cli_random_schema_corruption_never_tracebacks(tmp_path: Path, capsys: p
         b = bytearray(data)
         i = r.choice(creates)
         for _ in range(r.randint(1, 8)):
-            b[i + r.randint(0, 200)] = r.randint(0x80, 0xFF)
+            b[min(len(b) - 1, i + r.randint(0, 200))] = r.randint(0x80, 0xFF)  # a CREATE may end the file
         target.write_bytes(b)
         for side in ("-wal", "-shm"):
             Path(f"{target}{side}").unlink(missing_ok=True)
