@@ -7,7 +7,8 @@ under a token budget, followed by a few notes without a fact, so every fact's no
 one call per fact: a recall block (`agentmem.tools.recall.recall_spans` / `recall_block`, queried
 with the question) in front of the question, as an integration's memory puts it (the block is
 shown for the current question only; earlier questions and replies stay in the history, the
-flag-off session's replies in both sessions, so both send the same messages). The same conversation runs on a fresh pool with the flag off (the baseline: the block is prefilled as
+flag-off session's replies in both sessions, so both send the same messages). The same
+conversation runs on a fresh pool with the flag off (the baseline: the block is prefilled as
 text) and on (each stored span found verbatim in the block is spliced as its cells), `--reps`
 times each (TTFT median; replies are greedy, so every repetition answers the same).
 
@@ -95,11 +96,14 @@ def hook() -> None:
     _decoder.Decoder.prefill = prefill  # type: ignore[method-assign]
 
 
-def conversation(n_facts: int) -> list[dict]:
+def conversation(n_facts: int, *, inline: bool = False) -> list[dict]:
+    """The notes: each fact on a line of its own (the filler lines, the same in every note, follow), or
+    with `inline` at the start of the first filler line (so a recalled note's verbatim run holds the fact)."""
     msgs = [{"role": "system", "content": "You are a concise assistant. Answer from the conversation."}]
+    sep = " " if inline else "\n"
     for i in range(n_facts + TAIL_NOTES):
         fact = FACTS[i][0] if i < n_facts else "nothing new happened today"
-        msgs.append({"role": "user", "content": f"Note {i + 1}: {fact}.\n{FILLER * 3}\n{FILLER * 2}"})
+        msgs.append({"role": "user", "content": f"Note {i + 1}: {fact}.{sep}{FILLER * 3}\n{FILLER * 2}"})
         msgs.append({"role": "assistant", "content": f"Noted {i + 1}."})
     return msgs
 
@@ -130,7 +134,7 @@ def common_prefix(a: Any, b: Any) -> int:
     return n
 
 
-def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int,
+def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int, inline: bool = False,
             replies: list[str] | None = None) -> dict[str, Any]:
     """One pool, one agent: the notes (first call), then one call per fact; everything measured.
 
@@ -145,7 +149,7 @@ def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int,
             eviction="sliding_window", eviction_block=64, recall_embedder="none", archive_path=db,
             recall_kv=recall_kv,
         ) as p:
-            hist = conversation(n_facts)
+            hist = conversation(n_facts, inline=inline)
             r1 = p.chat("a", hist, max_tokens=1, temperature=0)
             hist = hist + [{"role": "assistant", "content": r1.text}]
             evict = r1.timings.evict_s
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="one repetition, shorter replies")
     ap.add_argument("--reps", type=int, default=2, help="sessions per flag (TTFT median); --quick: 1")
     ap.add_argument("--facts", type=int, default=len(FACTS), help=f"facts stated and asked (1..{len(FACTS)})")
+    ap.add_argument("--inline", action="store_true",
+                    help="each fact opens its note's first filler line (default: a line of its own)")
     ap.add_argument("--blocks", action="store_true", help="print each question's recall block (flag-off session)")
     args = ap.parse_args(argv)
     if not 1 <= args.facts <= len(FACTS):
@@ -197,14 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     reps, max_tokens = (1, 32) if args.quick else (max(1, args.reps), 48)
     n = args.facts
     print(f"load before: {load()}")
-    print(f"model {args.model}, {n} facts + {TAIL_NOTES} plain notes, budget {BUDGET} tokens, sliding_window/64, "
-          f"{reps} session(s) per flag, greedy replies of <= {max_tokens} tokens")
+    layout = "inline" if args.inline else "own line"
+    print(f"model {args.model}, {n} facts ({layout}) + {TAIL_NOTES} plain notes, budget {BUDGET} tokens, "
+          f"sliding_window/64, {reps} session(s) per flag, greedy replies of <= {max_tokens} tokens")
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for _ in range(reps):
-        runs[False].append(session(args.model, recall_kv=False, n_facts=n, max_tokens=max_tokens))
+        runs[False].append(session(args.model, recall_kv=False, n_facts=n, max_tokens=max_tokens, inline=args.inline))
     said = [q["text"] for q in runs[False][0]["qs"]]  # both flags' histories hold the flag-off replies
     for _ in range(reps):
-        runs[True].append(session(args.model, recall_kv=True, n_facts=n, max_tokens=max_tokens, replies=said))
+        runs[True].append(session(args.model, recall_kv=True, n_facts=n, max_tokens=max_tokens, inline=args.inline,
+                                     replies=said))
     off, on = runs[False][-1], runs[True][-1]
 
     print("first question (fact 1: the vessel), the scenario this script first measured alone:")
