@@ -98,7 +98,12 @@ def hook() -> None:
 
 def conversation(n_facts: int, *, inline: bool = False) -> list[dict]:
     """The notes: each fact on a line of its own (the filler lines, the same in every note, follow), or
-    with `inline` at the start of the first filler line (so a recalled note's verbatim run holds the fact)."""
+    with `inline` at the start of the first filler line.
+
+    Either way a recall block quotes the note with its line breaks, so the splice's run starts at the
+    fact (after the rewritten `"Note"`) and runs on into the filler to the end of the note's stored
+    row; the layouts differ in which other rows' filler matches the rest of the block.
+    """
     msgs = [{"role": "system", "content": "You are a concise assistant. Answer from the conversation."}]
     sep = " " if inline else "\n"
     for i in range(n_facts + TAIL_NOTES):
