@@ -194,6 +194,8 @@ class PoolConfig:
             (`splice_supported`: not Gemma 3 without `swa_full`); elsewhere it is text.
         recall_kv_codec: how kept span cells are stored (`q8_0` by default: about half
             the bytes of f16; any `park_codec` spec, `f16` keeps llama.cpp's bytes).
+        recall_kv_heal: tokens at the start of each spliced span recomputed after its new
+            prefix (EPIC's seam repair; `SplicePolicy.heal`).
         recall_kv_keep: how many spans' cells each agent keeps (its newest; older spans
             stay recallable as text). Bounds the archive's growth and the token lists a
             prefill matches against.
@@ -239,7 +241,8 @@ class PoolConfig:
     recall_embed: str = "recall"
     recall_kv: bool | str = "auto"
     recall_kv_codec: str = "q8_0"
-    recall_kv_keep: int = 32
+    recall_kv_heal: int = 32
+    recall_kv_keep: int = 16
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "resident_agents", "n_batch", "n_ubatch"):
@@ -292,6 +295,9 @@ class PoolConfig:
             raise ConfigError(f"recall_kv must be True, False or 'auto', got {self.recall_kv!r}")
         if self.recall_kv is True and self.resident_agents > 255:
             raise ConfigError("recall_kv needs a scratch sequence: resident_agents must be <= 255")
+        if isinstance(self.recall_kv_heal, bool) or not isinstance(self.recall_kv_heal, int) \
+                or not 0 <= self.recall_kv_heal <= 64:
+            raise ConfigError(f"recall_kv_heal must be an int in [0, 64], got {self.recall_kv_heal!r}")
         if isinstance(self.recall_kv_keep, bool) or not isinstance(self.recall_kv_keep, int) or self.recall_kv_keep < 1:
             raise ConfigError(f"recall_kv_keep must be an int >= 1, got {self.recall_kv_keep!r}")
         object.__setattr__(self, "tenants", check_tenants(self.tenants))  # a JSON list becomes a tuple

@@ -140,7 +140,7 @@ def common_prefix(a: Any, b: Any) -> int:
 
 
 def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int, inline: bool = False,
-            replies: list[str] | None = None) -> dict[str, Any]:
+            replies: list[str] | None = None, heal: int = 4) -> dict[str, Any]:
     """One pool, one agent: the notes (first call), then one call per fact; everything measured.
 
     `replies`: the assistant turns to keep in the history after each question (the flag-off session's
@@ -152,7 +152,7 @@ def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int, inlin
         with MemoryPool(
             model, n_ctx=8192, resident_agents=1, n_threads=1, prefetch=False, agent_budget_tokens=BUDGET,
             eviction="sliding_window", eviction_block=64, recall_embedder="none", archive_path=db,
-            recall_kv=recall_kv,
+            recall_kv=recall_kv, recall_kv_heal=heal,
         ) as p:
             hist = conversation(n_facts, inline=inline)
             r1 = p.chat("a", hist, max_tokens=1, temperature=0)
@@ -201,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--facts", type=int, default=len(FACTS), help=f"facts stated and asked (1..{len(FACTS)})")
     ap.add_argument("--inline", action="store_true",
                     help="each fact opens its note's first filler line (default: a line of its own)")
+    ap.add_argument("--heal", default="32,4",
+                    help="comma-separated recall_kv_heal values; the tables use the first, a sweep table lists all")
     ap.add_argument("--blocks", action="store_true", help="print each question's recall block (flag-off session)")
     args = ap.parse_args(argv)
     if not 1 <= args.facts <= len(FACTS):
@@ -215,9 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(reps):
         runs[False].append(session(args.model, recall_kv=False, n_facts=n, max_tokens=max_tokens, inline=args.inline))
     said = [q["text"] for q in runs[False][0]["qs"]]  # both flags' histories hold the flag-off replies
-    for _ in range(reps):
-        runs[True].append(session(args.model, recall_kv=True, n_facts=n, max_tokens=max_tokens, inline=args.inline,
-                                     replies=said))
+    heals = [int(h) for h in args.heal.split(",")]
+    sweep: dict[int, list[dict[str, Any]]] = {}
+    for h in heals:
+        for _ in range(reps):
+            sweep.setdefault(h, []).append(session(args.model, recall_kv=True, n_facts=n, max_tokens=max_tokens,
+                                                   inline=args.inline, replies=said, heal=h))
+    runs[True] = sweep[heals[0]]
     off, on = runs[False][-1], runs[True][-1]
 
     print("first question (fact 1: the vessel), the scenario this script first measured alone:")
@@ -276,7 +282,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\n-- recall block of question {i + 1} ({FACTS[i][2]}):\n{q['block']}")
     right_off = sum(q["correct"] for q in off["qs"])
     right_on = sum(q["correct"] for q in on["qs"])
-    print(f"\nsummary: median TTFT off/on {statistics.median(ratios):.2f}x, accuracy off {right_off}/{n} "
+    if len(heals) > 1:
+        rows = []
+        for h in heals:
+            last = sweep[h][-1]
+            rat = [statistics.median(r["qs"][i]["ttft"] for r in runs[False])
+                   / statistics.median(r["qs"][i]["ttft"] for r in sweep[h]) for i in range(n)]
+            ks = [kl(off["qs"][i]["logits"], last["qs"][i]["logits"]) for i in range(n)]
+            rows.append([h, f"{statistics.median(rat):.2f}x", f"{sum(q['correct'] for q in last['qs'])}/{n}",
+                         f"{statistics.mean(ks):.2e}", f"{max(ks):.2e}",
+                         f"{sum(off['qs'][i]['tokens'] == last['qs'][i]['tokens'] for i in range(n))}/{n}",
+                         sum(q["spliced"] for q in last["qs"])])
+        print()
+        print(table(["heal", "median TTFT off/on", "on right", "KL mean", "KL max", "identical replies",
+                     "tokens spliced"], rows))
+    print(f"\nsummary (heal {heals[0]}): median TTFT off/on {statistics.median(ratios):.2f}x, accuracy off {right_off}/{n} "
           f"on {right_on}/{n}, KL(off||on) mean {statistics.mean(kls):.2e} max {max(kls):.2e} nats, "
           f"identical replies {same_n}/{n}, questions with a splice {sum(q['spliced'] > 0 for q in on['qs'])}/{n}")
     print(f"load after: {load()}")

@@ -84,9 +84,10 @@ class SpanCapture:
     def __init__(self, core: PoolCore, *, policy: SplicePolicy | None = None) -> None:
         cfg = core.config
         self.core = core
-        self.policy = policy or SplicePolicy()
+        self.policy = policy or SplicePolicy(heal=cfg.recall_kv_heal)
         self.scratch = cfg.resident_agents
-        self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx))
+        self.enabled = bool(cfg.recall_kv and core.ctx.params.n_seq_max > self.scratch and splice_supported(core.ctx)
+                            and (cfg.recall_kv is True or core.ctx.model.n_swa == 0))
         self.every_agent = cfg.recall_kv is True
         self.recalling: set[str] = set()  # `auto`: the agents that have recalled (`note_recall`)
         self._indexes: OrderedDict[str, tuple[Any, SpanIndex]] = OrderedDict()  # agent -> (listed, its index)

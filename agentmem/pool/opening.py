@@ -99,12 +99,14 @@ def _validate_names(cfg: PoolConfig) -> PlacementPolicy:
 def _open_context(model: LlamaModel, cfg: PoolConfig, *, unified: bool) -> LlamaContext:
     """The shared llama.cpp context: one sequence per resident agent, in the chosen KV layout.
 
-    Plus one where recall as KV can run (`PoolConfig.recall_kv`, `agentmem.pool.kvcapture`):
-    the scratch sequence a span's cells pass through, never an agent's. Only a unified
-    cache keeping every cell (no sliding window, or `swa_full`) gets it — elsewhere an extra
-    sequence would only grow the window cache — and llama.cpp allows 256 sequences.
+    Plus one where recall as KV runs (`PoolConfig.recall_kv`, `agentmem.pool.kvcapture`):
+    the scratch sequence a span's cells pass through, never an agent's. Only a unified cache
+    gets it, and llama.cpp allows 256 sequences; under `auto` only a model without a sliding
+    window (there, spliced cells measured no faster and far off the re-prefill: see
+    `SpanCapture`), under `True` one keeping every cell (`swa_full`).
     """
-    scratch = bool(cfg.recall_kv and unified and cfg.resident_agents < 256 and (model.n_swa == 0 or cfg.swa_full))
+    whole = model.n_swa == 0 or (cfg.recall_kv is True and cfg.swa_full)
+    scratch = bool(cfg.recall_kv and unified and cfg.resident_agents < 256 and whole)
     return LlamaContext(
         model,
         ContextParams(

@@ -218,3 +218,19 @@ def test_a_context_that_cannot_splice_keeps_text_only(tiny_model_path, tmp_path)
         p.chat("a", second, max_tokens=2)
         st = p.recall_stats()
         assert not st["kv_enabled"] and st["kv_captured"] == st["kv_matched"] == st["kv_spliced"] == 0
+
+
+def test_auto_leaves_sliding_window_models_to_text(tiny_gemma3_path, tmp_path):
+    """Gemma 3 (a sliding window, `swa_full`): spliced cells measured no faster than the text and far off it
+    (benchmarks/recall_kv_pool.py on gemma-3-270m: 1.02x, KL 0.30), so `auto` opens no scratch there; `True`
+    still can, for experiments."""
+    with _pool(tiny_gemma3_path, tmp_path) as p:
+        core = p.engine()._core
+        assert core.ctx.model.n_swa > 0
+        assert core.ctx.params.n_seq_max == 1 and not core.span_kv.enabled
+        p.recall("a", "anything", 1)
+        p.chat("a", long_conv(12), max_tokens=2)
+        assert p.recall_stats()["kv_captured"] == 0
+    (tmp_path / "forced").mkdir()
+    with _pool(tiny_gemma3_path, tmp_path / "forced", recall_kv=True) as p:
+        assert p.engine().ctx.params.n_seq_max == 2 and p.engine()._core.span_kv.enabled
