@@ -1,10 +1,19 @@
 """Recall as KV: an evicted span's KV cells copied out before eviction drops them, spliced back when its tokens return.
 
-With `PoolConfig.recall_kv` (`"auto"` by default: for the agents that have used recall;
-`True`: every agent; `False`: none) `Trimmer.evict` asks `SpanCapture.capture`
-for the cells of each live range the eviction policy picked, *before* `AgentSeq.evict`
-removes them, and `SpanCapture.store` writes them beside the span's archived text
-(`Archive.put_span_kv`, table `span_kv`) once the text rows have ids.
+Where it runs (`PoolConfig.recall_kv`): under `"auto"`, the default, for the agents that
+have used recall (`MemoryPool.recall`, which the recall tool and the memory components
+call; `note_recall`), from their first recall on, on a model without a sliding window;
+`True` for every agent (and on a sliding-window model with `swa_full`, for experiments);
+`False` never. Measured by `benchmarks/recall_kv_pool.py` (docs/recall.md): on
+Qwen2.5-Coder-0.5B-Instruct a recall call's TTFT drops 1.3x with every answer kept (heal
+32); on Gemma 3 270M (sliding window) the splice was no faster (1.02x) and far off the
+re-prefill (KL 0.30 nats), hence text there. An agent that never recalls pays nothing.
+
+At eviction `Trimmer.evict` asks `SpanCapture.capture` for the cells of each live range
+the eviction policy picked, *before* `AgentSeq.evict` removes them, and
+`SpanCapture.store` writes them beside the span's archived text (`Archive.put_span_kv`,
+table `span_kv`), coded with `PoolConfig.recall_kv_codec` (q8_0: about half of f16's
+bytes), the agent keeping its `recall_kv_keep` newest.
 
 Each range is cut into the rows `Trimmer` archives (consecutive history tokens of one
 message), and a row is captured when `agentmem.recall.as_kv.SplicePolicy` would splice a
@@ -19,17 +28,20 @@ back by a pool whose cells it fits.
 The other half is in the prefill (`Decoder.prefill`): `SpanCapture.plan` finds, in the
 tokens a call is about to decode, the longest verbatim run (at least `SplicePolicy.min_tokens`)
 of each stored span's token ids (a recall block quoting an evicted line holds them: a line's
-tokens do not depend on what came before it, bar its first word), and `SpanCapture.insert`
-puts that part of the span's cells there
-(`agentmem.recall.as_kv.KVRecaller`: spliced, the first `heal` tokens recomputed; prefilled
-as text when the blob is gone or llama.cpp refuses it). A match that would end the prompt
-is left to the text path (the prompt's last logits must come from a decode).
+tokens do not depend on what came before it, bar its first word;
+`agentmem.recall.span_match.SpanIndex`, whose work per call grows with the new tokens
+only), and `SpanCapture.insert` puts that part of the span's cells there
+(`agentmem.recall.as_kv.KVRecaller`: spliced, the first `recall_kv_heal` tokens
+recomputed; prefilled as text when the blob is gone, does not decode, or llama.cpp refuses
+it). A match that would end the prompt is left to the text path (the prompt's last logits
+must come from a decode).
 
-Counters (in `MemoryPool.recall_stats()` when on): `kv_captured` ranges and their
-`kv_capture_bytes`, `kv_stored` rows written, `kv_capture_skipped` rows the policy
-leaves as text, `kv_capture_failed` copies llama.cpp refused;
-`kv_matched` spans found in a prompt, `kv_spliced` / `kv_prefilled` (and their `_tokens`)
-how they went in, `kv_splice_failed` blobs llama.cpp rejected (prefilled instead).
+Counters (in `MemoryPool.recall_stats()` unless `recall_kv=False`): `kv_enabled`;
+`kv_captured` ranges and their `kv_capture_bytes` (as llama.cpp wrote them), `kv_stored`
+rows written and their `kv_stored_bytes` (coded), `kv_capture_skipped` rows the policy
+leaves as text, `kv_capture_failed` copies llama.cpp refused; `kv_matched` spans found in
+a prompt, `kv_spliced` / `kv_prefilled` (and their `_tokens`) how they went in,
+`kv_splice_failed` blobs llama.cpp rejected (prefilled instead).
 """
 
 from __future__ import annotations
@@ -172,6 +184,7 @@ class SpanCapture:
                 continue
             self.counters["kv_stored"] += int(ok)
             self.counters["kv_stored_bytes"] += int(blob.nbytes) if ok else 0
+            self.core.totals["recall_kv_stored"] += int(ok)
 
     def plan(self, a: AgentState, tokens: Sequence[int]) -> list[tuple[int, int, int, int]]:
         """`(start, end, span_id, lo)`: `tokens[start:end]` is the stored span `span_id` from its token `lo` on.
@@ -225,7 +238,10 @@ class SpanCapture:
             blob = self._decoded(a, got.blob)
             if blob is not None:
                 kv = SpanKV(blob=blob, pos0=got.pos0, tokens=got.tokens).narrow(lo, lo + len(want))
-        return self.recaller.insert(seq=seq, pos0=pos0, tokens=want, kv=kv)
+        how = self.recaller.insert(seq=seq, pos0=pos0, tokens=want, kv=kv)
+        if how == "spliced":
+            self.core.totals["recall_kv_spliced_tokens"] += len(want)
+        return how
 
     def _decoded(self, a: AgentState, blob: np.ndarray) -> np.ndarray | None:
         """The llama.cpp bytes of a stored blob (decoded when a codec wrote it), or None: it does not decode."""

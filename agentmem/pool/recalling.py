@@ -73,8 +73,9 @@ class RecallMethods:
 
     def recall_stats(self) -> dict[str, Any]:
         """The recall index's counters: spans embedded (and seconds spent), embedding errors,
-        spans backfilled, searches (and seconds), plus the embedder's name and the mode; with
-        `PoolConfig.recall_kv`, the capture of evicted spans' cells (`agentmem.pool.kvcapture`)."""
+        spans backfilled, searches (and seconds), plus the embedder's name and the mode; unless
+        `PoolConfig.recall_kv` is False, recall as KV's (`agentmem.pool.kvcapture`: `kv_enabled`,
+        `kv_captured`, `kv_stored_bytes`, `kv_spliced_tokens`, ...)."""
         core = self._core
         out = core.recall.snapshot()
         if core.config.recall_kv is not False:

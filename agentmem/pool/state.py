@@ -52,7 +52,7 @@ POOL_TOTALS = (
     "prefetch_wasted", "resumed_agents", "batched_steps", "batched_tokens", "max_batch",
     "shared_prefix_tokens", "shared_prefix_hits", "handoffs", "blocks_created", "blocks_freed",
     "block_splits", "block_split_misses", "privatized", "seq_waits", "linked_restores", "canonical_calls",
-    "closed_calls", "canonical_tokens",
+    "closed_calls", "canonical_tokens", "recall_kv_stored", "recall_kv_spliced_tokens",
 )
 
 

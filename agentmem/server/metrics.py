@@ -82,6 +82,9 @@ _POOL_COUNTERS = {
     "agentmem_handoffs": ("handoffs", "Handoffs between agents."),
     "agentmem_batched_steps": ("batched_steps", "Decode steps that served several agents at once."),
     "agentmem_recalls": ("recalls", "Recall searches."),
+    "agentmem_recall_kv_stored": ("recall_kv_stored", "Evicted spans whose KV cells were kept for recall as KV."),
+    "agentmem_recall_kv_spliced_tokens": ("recall_kv_spliced_tokens",
+                                          "Prompt tokens put in as a recalled span's kept cells instead of a prefill."),
 }
 
 # the server's call series, labelled by model: key -> (kind, name, help)

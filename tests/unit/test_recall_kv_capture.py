@@ -130,6 +130,8 @@ def test_auto_keeps_cells_for_the_agents_that_recall_only(tiny_model_path, tmp_p
         p.chat("a", second, max_tokens=2)
         st = p.recall_stats()
         assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"]
+        totals = p.stats()["totals"]  # the server's agentmem_recall_kv_* counters
+        assert totals["recall_kv_spliced_tokens"] == st["kv_spliced_tokens"] and totals["recall_kv_stored"] == st["kv_stored"]
         _kv_consistent(p)
         p.forget("a")
         assert "a" not in core.span_kv.recalling
