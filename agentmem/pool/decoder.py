@@ -80,7 +80,7 @@ class Decoder:
             start = 0
             idx = -1
             # recall_kv: stored spans found verbatim in the prompt go in as their cells (pool/kvcapture.py)
-            kv_plan = core.span_kv.plan(a, tokens)
+            kv_plan = self.trimmer.span_kv.plan(a, tokens)
             while start < n:
                 if cancel is not None:
                     cancel.check()
@@ -135,7 +135,7 @@ class Decoder:
         seq = a.seq
         assert seq is not None, f"{a.id=}"
         def insert() -> str:
-            return core.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id, lo=lo)
+            return self.trimmer.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id, lo=lo)
 
         if self._fitting(a, insert) is None:
             raise ContextOverflowError(f"the shared context ({core.ctx.n_ctx} cells) is full and no idle agent can be "

@@ -106,6 +106,7 @@ class ModelEngine(HintMethods, TenantMethods, LineMethods, AgentMethods, RecallM
             self._blocks, self._persist, self._residency, self._mover = c.blocks, c.persist, c.residency, c.mover
             self._budgets, self._sharing, self._decoder, self._turns = c.budgets, c.sharing, c.decoder, c.turns
             self._hints = c.hints
+            self._span_kv = c.span_kv
             self._closed = False
             if archive is not None and self._resume_on_open:
                 with core.lock:

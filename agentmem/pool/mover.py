@@ -235,7 +235,6 @@ class Mover:
             durable.delete(a.id)
         if core.archive is not None:
             core.archive.delete_agent(a.id, **fenced)
-        core.span_kv.forget(a.id)
 
     def discard(self, a: AgentState) -> None:
         """Drop the local copy of idle `a` (sequence, volatile tiers' state, block, record); its archive rows stay.

@@ -28,6 +28,7 @@ from agentmem.pool.blocks import BlockRefs
 from agentmem.pool.budgets import Budgets
 from agentmem.pool.decoder import Decoder
 from agentmem.pool.hints import Hints
+from agentmem.pool.kvcapture import SpanCapture
 from agentmem.pool.layout import choose_kv_layout
 from agentmem.pool.mover import Mover
 from agentmem.pool.persist import Persister
@@ -172,6 +173,7 @@ class Collaborators:
     decoder: Decoder
     turns: TurnRunner
     hints: Hints
+    span_kv: SpanCapture
 
 
 def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
@@ -191,6 +193,7 @@ def wire(core: PoolCore, *, after_call: Callable[[str], None]) -> Collaborators:
     mover = Mover(core, residency, blocks, persist)
     budgets = Budgets(core, mover, hints)
     sharing = Sharing(core, residency, mover, blocks)
-    decoder = Decoder(core, residency, Trimmer(core))
+    span_kv = SpanCapture(core)  # recall as KV: evicted spans' cells kept beside their text
+    decoder = Decoder(core, residency, Trimmer(core, span_kv))
     turns = TurnRunner(core, mover=mover, sharing=sharing, decoder=decoder, after_call=after_call)
-    return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns, hints)
+    return Collaborators(blocks, persist, residency, mover, budgets, sharing, decoder, turns, hints, span_kv)

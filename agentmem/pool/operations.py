@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agentmem.engine.renderer import ChatRenderer
     from agentmem.pool.budgets import Budgets
     from agentmem.pool.hints import Hints
+    from agentmem.pool.kvcapture import SpanCapture
     from agentmem.pool.mover import Mover
     from agentmem.pool.sharing import Sharing
     from agentmem.pool.turn import TurnRunner
@@ -42,6 +43,7 @@ class AgentMethods:
     _sharing: Sharing
     _turns: TurnRunner
     _hints: Hints
+    _span_kv: SpanCapture
     renderer: ChatRenderer
     capacity: int
     storage_fault: str | None
@@ -64,6 +66,7 @@ class AgentMethods:
         with self._idle(agent_id, "forget") as a:
             self._mover.forget(a)
             self._hints.forget(agent_id)
+            self._span_kv.forget(agent_id)
 
     @in_use
     def park(self, agent_id: str, tier: str = WARM) -> None:

@@ -15,6 +15,7 @@ from agentmem.pool.lifetime import in_use
 from agentmem.recall.embedders import Embedder
 
 if TYPE_CHECKING:
+    from agentmem.pool.kvcapture import SpanCapture
     from agentmem.pool.state import PoolCore
 
 __all__ = ["RecallMethods"]
@@ -24,6 +25,7 @@ class RecallMethods:
     """`MemoryPool.recall`, `set_recall_embedder` and `recall_stats` (mixed into the facade; it provides `_core`)."""
 
     _core: PoolCore
+    _span_kv: SpanCapture
     _check_open: Callable[[], None]  # the facade's method
 
     @in_use
@@ -51,7 +53,7 @@ class RecallMethods:
         with core.lock:
             core.totals["recalls"] += 1
             core.totals["recall_hits"] += bool(res)
-            core.span_kv.note_recall(agent_id)  # recall_kv="auto": its spans are kept as cells from now on
+            self._span_kv.note_recall(agent_id)  # recall_kv="auto": its spans are kept as cells from now on
         return res
 
     def set_recall_embedder(self, embedder: Any, *, mode: str | None = None) -> None:
@@ -80,5 +82,5 @@ class RecallMethods:
         out = core.recall.snapshot()
         if core.config.recall_kv is not False:
             with core.lock:
-                out.update(core.span_kv.stats(), kv_enabled=core.span_kv.enabled)
+                out.update(self._span_kv.stats(), kv_enabled=self._span_kv.enabled)
         return out

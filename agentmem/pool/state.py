@@ -20,7 +20,6 @@ from agentmem.memory.prefetch import TransitionPredictor
 from agentmem.memory.shared import BlockStore, PrefixIndex
 from agentmem.memory.tiers import EMPTY, HOT, TIER_NAMES, TierChain
 from agentmem.policy.placement import AgentInfo, PlacementPolicy
-from agentmem.pool.kvcapture import SpanCapture
 from agentmem.pool.lines import LineIndex
 from agentmem.pool.residence import Residence
 from agentmem.pool.tenants import TenantScope
@@ -179,7 +178,6 @@ class PoolCore:
         self.closed = False
         # cluster mode: the lease an agent's archive writes must carry (raises when it is not held)
         self.fence: Callable[[str], Any] | None = None
-        self.span_kv = SpanCapture(self)  # recall_kv: evicted spans' cells kept beside their text
 
     def agent(self, agent_id: str) -> AgentState:
         """The record of a known agent; `UnknownAgentError` otherwise.

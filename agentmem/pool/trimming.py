@@ -17,6 +17,7 @@ import numpy as np
 
 from agentmem.engine.chat_format import REGIONS
 from agentmem.policy.view import LedgerView
+from agentmem.pool.kvcapture import SpanCapture
 from agentmem.pool.state import AgentState, PoolCore
 
 __all__ = ["Trimmer"]
@@ -27,8 +28,9 @@ logger = logging.getLogger(__name__)
 class Trimmer:
     """Runs the eviction policy on resident agents (lock held)."""
 
-    def __init__(self, core: PoolCore) -> None:
+    def __init__(self, core: PoolCore, span_kv: SpanCapture) -> None:
         self.core = core
+        self.span_kv = span_kv  # recall as KV: captures evicted spans' cells (does nothing where it is off)
 
     def view(self, a: AgentState) -> LedgerView:
         """What the eviction policy sees of `a`'s live tokens."""
@@ -46,11 +48,11 @@ class Trimmer:
         if not ranges:
             return time.perf_counter() - t0
         assert a.kv is not None, f"{a.id=}"
-        captured = core.span_kv.capture(a, ranges)  # recall_kv: the cells worth keeping, before they go
+        captured = self.span_kv.capture(a, ranges)  # recall_kv: the cells worth keeping, before they go
         hist = a.kv.evict(ranges)
         ids, rows = self._archive_text(a, hist)
         if captured:
-            core.span_kv.store(a, ids, rows, captured)
+            self.span_kv.store(a, ids, rows, captured)
         a.counters["evictions"] += 1
         a.counters["evicted_tokens"] += int(hist.size)
         core.totals["evictions"] += 1

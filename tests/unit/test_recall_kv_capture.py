@@ -53,7 +53,7 @@ def test_flag_off_captures_nothing_and_reports_nothing(tiny_model_path, tmp_path
 def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_model_path, tmp_path):
     with _pool(tiny_model_path, tmp_path, recall_kv=True, recall_kv_keep=1000) as p:
         core = p.engine()._core
-        assert core.ctx.params.n_seq_max == 2 and core.span_kv.enabled
+        assert core.ctx.params.n_seq_max == 2 and p.engine()._span_kv.enabled
         p.chat("a", long_conv(12), max_tokens=2)
         st = p.recall_stats()
         assert st["kv_enabled"] and st["kv_captured"] >= 1 and st["kv_stored"] >= 1
@@ -62,7 +62,7 @@ def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_mo
         ids = [r[0] for r in raw_connection(core.recall_store).execute("SELECT span_id FROM span_kv").fetchall()]
         assert len(ids) == st["kv_stored"]
         for sid in ids:
-            got = core.recall_store.get_span_kv("a", sid, model=core.span_kv.model)
+            got = core.recall_store.get_span_kv("a", sid, model=p.engine()._span_kv.model)
             assert got is not None and 64 <= len(got.tokens) <= 256
             # the stored ids are the history's tokens of some evicted, contiguous run
             hist = np.asarray(led.tokens)
@@ -71,11 +71,11 @@ def test_evicted_runs_the_policy_would_splice_are_stored_and_splice_back(tiny_mo
             assert starts, "stored token ids are no evicted run of the history"
         # the blob loads back into a sequence at a new position (the splice half's primitive)
         ctx = core.ctx
-        got = core.recall_store.get_span_kv("a", ids[0], model=core.span_kv.model)
+        got = core.recall_store.get_span_kv("a", ids[0], model=p.engine()._span_kv.model)
         seq, live = core.agents["a"].seq, core.agents["a"].ledger.n_live
         assert is_encoded(got.blob)  # q8_0 by default (recall_kv_codec)
         kv = SpanKV(blob=np.asarray(decode_state(got.blob)), pos0=got.pos0, tokens=got.tokens)
-        splice_span(ctx, kv, seq=seq, pos0=live, heal=4, scratch=core.span_kv.scratch)
+        splice_span(ctx, kv, seq=seq, pos0=live, heal=4, scratch=p.engine()._span_kv.scratch)
         assert ctx.seq_pos_max(seq) == live + kv.n - 1
         ctx.seq_rm(seq, live, -1)
 
@@ -90,7 +90,7 @@ def test_the_codec_halves_the_bytes_and_the_agent_keeps_its_newest_spans(tiny_mo
         core = p.engine()._core
         ids = [r[0] for r in raw_connection(core.recall_store).execute("SELECT span_id FROM span_kv").fetchall()]
         assert len(ids) == 3
-        assert sorted(ids) == sorted(i for i, _ in core.recall_store.span_kv_tokens("a", model=core.span_kv.model))
+        assert sorted(ids) == sorted(i for i, _ in core.recall_store.span_kv_tokens("a", model=p.engine()._span_kv.model))
         newest = raw_connection(core.recall_store).execute("SELECT max(id) FROM evicted_spans").fetchone()[0]
         assert max(ids) <= newest
     (tmp_path / "f16").mkdir()
@@ -119,7 +119,7 @@ def test_auto_keeps_cells_for_the_agents_that_recall_only(tiny_model_path, tmp_p
     """The default (`recall_kv="auto"`): an agent that never recalls pays nothing; one that does, from then on."""
     with _pool(tiny_model_path, tmp_path) as p:
         core = p.engine()._core
-        assert core.config.recall_kv == "auto" and core.ctx.params.n_seq_max == 2 and core.span_kv.enabled
+        assert core.config.recall_kv == "auto" and core.ctx.params.n_seq_max == 2 and p.engine()._span_kv.enabled
         p.chat("quiet", long_conv(12), max_tokens=2)
         assert p.stats()["agents"]["quiet"]["evicted_tokens"] > 0
         assert p.recall_stats()["kv_captured"] == 0
@@ -134,7 +134,7 @@ def test_auto_keeps_cells_for_the_agents_that_recall_only(tiny_model_path, tmp_p
         assert totals["recall_kv_spliced_tokens"] == st["kv_spliced_tokens"] and totals["recall_kv_stored"] == st["kv_stored"]
         _kv_consistent(p)
         p.forget("a")
-        assert "a" not in core.span_kv.recalling
+        assert "a" not in p.engine()._span_kv.recalling
 
 
 def test_recall_kv_needs_a_free_sequence_id():
@@ -161,7 +161,7 @@ def _recall_turn(p: MemoryPool) -> tuple[list[dict], list[dict]]:
 def _kv_consistent(p: MemoryPool) -> None:
     core = p.engine()._core
     a = core.agents["a"]
-    assert core.ctx.seq_pos_max(a.seq) == a.ledger.n_live - 1 and core.ctx.seq_pos_max(core.span_kv.scratch) == -1
+    assert core.ctx.seq_pos_max(a.seq) == a.ledger.n_live - 1 and core.ctx.seq_pos_max(p.engine()._span_kv.scratch) == -1
 
 
 def test_a_recalled_span_quoted_in_the_prompt_is_spliced_as_its_cells(tiny_model_path, tmp_path):
@@ -171,7 +171,7 @@ def test_a_recalled_span_quoted_in_the_prompt_is_spliced_as_its_cells(tiny_model
         st = p.recall_stats()
         assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"] and st["kv_prefilled"] == 0
         assert st["kv_spliced_tokens"] >= 64
-        assert set(p.engine()._core.span_kv.recaller.counters) == set(_SPLICE_COUNTERS)  # the disabled stats' keys
+        assert set(p.engine()._span_kv.recaller.counters) == set(_SPLICE_COUNTERS)  # the disabled stats' keys
         _kv_consistent(p)
         # the ledger holds the prompt's tokens: the next call reuses the whole conversation
         r3 = p.chat("a", second + [{"role": "assistant", "content": r2.text}, {"role": "user", "content": "ok"}],
@@ -215,7 +215,7 @@ def test_a_context_that_cannot_splice_keeps_text_only(tiny_model_path, tmp_path)
     """Per-sequence streams (a `seq_cp` across streams copies whole streams): no scratch, nothing captured."""
     with _pool(tiny_model_path, tmp_path, recall_kv=True, kv_layout="per_sequence") as p:
         core = p.engine()._core
-        assert core.ctx.params.n_seq_max == 1 and not core.span_kv.enabled
+        assert core.ctx.params.n_seq_max == 1 and not p.engine()._span_kv.enabled
         first, second = _recall_turn(p)
         p.chat("a", second, max_tokens=2)
         st = p.recall_stats()
@@ -229,10 +229,10 @@ def test_auto_leaves_sliding_window_models_to_text(tiny_gemma3_path, tmp_path):
     with _pool(tiny_gemma3_path, tmp_path) as p:
         core = p.engine()._core
         assert core.ctx.model.n_swa > 0
-        assert core.ctx.params.n_seq_max == 1 and not core.span_kv.enabled
+        assert core.ctx.params.n_seq_max == 1 and not p.engine()._span_kv.enabled
         p.recall("a", "anything", 1)
         p.chat("a", long_conv(12), max_tokens=2)
         assert p.recall_stats()["kv_captured"] == 0
     (tmp_path / "forced").mkdir()
     with _pool(tiny_gemma3_path, tmp_path / "forced", recall_kv=True) as p:
-        assert p.engine().ctx.params.n_seq_max == 2 and p.engine()._core.span_kv.enabled
+        assert p.engine().ctx.params.n_seq_max == 2 and p.engine()._span_kv.enabled
