@@ -185,6 +185,7 @@ def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int, inlin
             size = archive_bytes(db)
         return {"ttft1": r1.timings.ttft_s, "evict1": r1.timings.evict_s, "evict": evict, "qs": qs, "size": size,
                 "capture_bytes": st.get("kv_capture_bytes", 0), "stored": st.get("kv_stored", 0),
+                "stored_bytes": st.get("kv_stored_bytes", 0),
                 "captured": st.get("kv_captured", 0), "matched": st.get("kv_matched", 0),
                 "splice_failed": st.get("kv_splice_failed", 0)}
 
@@ -273,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     for flag in (False, True):
         last = runs[flag][-1]
         rows.append(["on" if flag else "off", f"{1e3 * med(flag, 'evict'):.0f}", last["captured"],
-                     f"{last['capture_bytes'] / 2**20:.1f}", last["stored"], last["matched"], last["splice_failed"],
+                     f"{last['capture_bytes'] / 2**20:.1f}", last["stored"], f"{last['stored_bytes'] / 2**20:.1f}",
+                     last["matched"], last["splice_failed"],
                      f"{last['size'] / 2**20:.2f}"])
-    print(table(["recall_kv", "eviction ms (all calls)", "captured", "capture MiB", "stored", "matched",
+    print(table(["recall_kv", "eviction ms (all calls)", "captured", "capture MiB", "stored", "stored MiB", "matched",
                  "splice failed", "archive MiB (db+wal)"], rows))
     if args.blocks:
         for i, q in enumerate(off["qs"]):

@@ -6,7 +6,7 @@ call; `note_recall`), from their first recall on, on a model without a sliding w
 `True` for every agent (and on a sliding-window model with `swa_full`, for experiments);
 `False` never. Measured by `benchmarks/recall_kv_pool.py` (docs/recall.md): on
 Qwen2.5-Coder-0.5B-Instruct a recall call's TTFT drops 1.3x with every answer kept (heal
-32); on Gemma 3 270M (sliding window) the splice was no faster (1.02x) and far off the
+32); on Gemma 3 270M (sliding window) the splice was no faster (0.99x) and far off the
 re-prefill (KL 0.30 nats), hence text there. An agent that never recalls pays nothing.
 
 At eviction `Trimmer.evict` asks `SpanCapture.capture` for the cells of each live range

@@ -55,7 +55,10 @@ class SplicePolicy:
     re-prefill's, where no healing lost one of four at both lengths. At 1024 tokens the
     splice is 20x faster and its KL the smallest, but it lost one of the two answers the
     re-prefill gave (1 of 4 against 2 of 4): too few to trust, so such spans stay text
-    (`max_tokens`) until a larger run says otherwise. A context that cannot splice
+    (`max_tokens`) until a larger run says otherwise. The pool heals more:
+    `PoolConfig.recall_kv_heal` is 32, because through the pool
+    (`benchmarks/recall_kv_pool.py`, 16 questions) heal 4 lost 2 answers the re-prefill
+    gave and heal 32 none, at 1.3x instead of 1.5-1.8x. A context that cannot splice
     (`splice_supported`: a sliding-window model without `swa_full`, or per-sequence
     streams) always prefills.
 

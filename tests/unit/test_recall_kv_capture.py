@@ -224,7 +224,7 @@ def test_a_context_that_cannot_splice_keeps_text_only(tiny_model_path, tmp_path)
 
 def test_auto_leaves_sliding_window_models_to_text(tiny_gemma3_path, tmp_path):
     """Gemma 3 (a sliding window, `swa_full`): spliced cells measured no faster than the text and far off it
-    (benchmarks/recall_kv_pool.py on gemma-3-270m: 1.02x, KL 0.30), so `auto` opens no scratch there; `True`
+    (benchmarks/recall_kv_pool.py on gemma-3-270m: 0.99x, KL 0.30), so `auto` opens no scratch there; `True`
     still can, for experiments."""
     with _pool(tiny_gemma3_path, tmp_path) as p:
         core = p.engine()._core
