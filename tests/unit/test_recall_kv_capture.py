@@ -236,3 +236,19 @@ def test_auto_leaves_sliding_window_models_to_text(tiny_gemma3_path, tmp_path):
     (tmp_path / "forced").mkdir()
     with _pool(tiny_gemma3_path, tmp_path / "forced", recall_kv=True) as p:
         assert p.engine().ctx.params.n_seq_max == 2 and p.engine()._span_kv.enabled
+
+
+def test_cells_survive_a_restart_on_either_archive(tiny_model_path, archive_target):
+    """SQLite and PostgreSQL (`archive_url`): stored with the text, spliced by a pool reopened on the archive."""
+    where = {"archive_url": archive_target} if archive_target.startswith("postgresql://") \
+        else {"archive_path": archive_target}
+    opts = dict(chat_format="chatml", n_ctx=4096, resident_agents=1, n_batch=64, prefetch=False,
+                agent_budget_tokens=512, eviction="sliding_window", eviction_block=64, recall_embedder="none")
+    with MemoryPool(tiny_model_path, recall_kv=True, **opts, **where) as p:
+        first, second = _recall_turn(p)
+        assert p.recall_stats()["kv_stored"] >= 1
+    with MemoryPool(tiny_model_path, recall_kv=True, **opts, **where) as p:
+        p.chat("a", second, max_tokens=2)
+        st = p.recall_stats()
+        assert st["kv_matched"] >= 1 and st["kv_spliced"] == st["kv_matched"] and st["kv_splice_failed"] == 0
+        _kv_consistent(p)
