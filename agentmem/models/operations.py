@@ -96,6 +96,14 @@ class AgentOperations(HintRouting):
         with self._agent_lease(agent_id) as lease:
             return lease.pool.recall(agent_id, query, k, mode=mode)  # type: ignore[no-any-return]
 
+    def pin_recall(self, agent_id: str, pinned: bool = True) -> None:
+        """`ModelEngine.pin_recall`: keep `agent_id`'s span vectors in RAM ahead of other agents'
+        (no-op for an agent bound to no model yet)."""
+        if self.model_of(agent_id) is None:
+            return
+        with self._agent_lease(agent_id) as lease:
+            lease.pool.pin_recall(agent_id, pinned)
+
     def set_recall_embedder(self, embedder: Any, *, mode: str | None = None, model: str | None = None) -> None:
         """`ModelEngine.set_recall_embedder` on `model` (default: the default model; loads it)."""
         self._check_open()

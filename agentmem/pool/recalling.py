@@ -56,6 +56,19 @@ class RecallMethods:
             self._span_kv.note_recall(agent_id)  # recall_kv="auto": its spans are kept as cells from now on
         return res
 
+    def pin_recall(self, agent_id: str, pinned: bool = True) -> None:
+        """Keep `agent_id`'s span vectors in RAM (its hot partition) ahead of other agents' (`pinned=False` unpins).
+
+        A pinned agent's partition is dropped only after every unpinned one
+        (`agentmem.archive.hotvectors.HotVectors`), so its recalls stay RAM-fast under
+        many agents; `recall_stats()["hot_pinned"]` counts the pins.
+        """
+        self._check_open()
+        check.agent_id(agent_id, internal=True)
+        if not isinstance(pinned, bool):
+            raise ConfigError(f"pinned must be a bool, got {pinned!r}")
+        self._core.recall.pin(agent_id, pinned)
+
     def set_recall_embedder(self, embedder: Any, *, mode: str | None = None) -> None:
         """Embed evicted text with `embedder` from now on.
 

@@ -82,3 +82,22 @@ def test_recall_options_are_checked(tiny_model_path: Path) -> None:
         MemoryPool(tiny_model_path, recall_mode="fuzzy")
     with pytest.raises(ConfigError, match="recall_embedder"):
         MemoryPool(tiny_model_path, recall_embedder="")
+
+
+def test_a_pinned_agents_vectors_stay_in_ram(tiny_model_path: Path, tmp_path: Path) -> None:
+    """`pin_recall` is the pool's door to the hot partitions' pins (before it, only `RecallIndex.pin`)."""
+    with open_pool(tiny_model_path, tmp_path / "agents.db") as pool:
+        pool.chat("a", conversation(), max_tokens=2)
+        pool.pin_recall("a")
+        assert pool.recall_stats()["hot_pinned"] == 1
+        assert "vessel" in pool.recall("a", QUESTION, 1)[0].text
+        hits = pool.recall_stats()["hot_hits"]
+        pool.recall("a", QUESTION, 1)
+        assert pool.recall_stats()["hot_hits"] == hits + 1  # served from RAM
+        pool.pin_recall("a", False)
+        assert pool.recall_stats()["hot_pinned"] == 0
+        pool.pin_recall("never-seen")  # an agent bound to no model yet: nothing to pin, no error
+        with pytest.raises(ConfigError, match="pinned"):
+            pool.engine().pin_recall("a", pinned="yes")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="agent_id"):
+            pool.pin_recall("")
