@@ -37,8 +37,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,6 +45,8 @@ from _report import load, table  # noqa: E402
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.pool import decoder as _decoder  # noqa: E402
 from agentmem.tools.recall import recall_block, recall_spans  # noqa: E402
+
+import numpy as np  # noqa: E402  (after llama.cpp: DESIGN.md, "llama.cpp loads first")
 
 #: (fact, question, answer word): each answer word appears in one note only
 FACTS = [
