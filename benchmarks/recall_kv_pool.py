@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import load, table  # noqa: E402
+from recall_kv import kl  # noqa: E402  (KL(p || q) of two logit rows, p the reference)
 
 from agentmem import MemoryPool  # noqa: E402
 from agentmem.pool import decoder as _decoder  # noqa: E402
@@ -116,18 +117,6 @@ def conversation(n_facts: int, *, inline: bool = False) -> list[dict]:
 def archive_bytes(db: str) -> int:
     """The archive's size on disk: the SQLite file and its write-ahead log."""
     return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
-def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    """KL(p || q) in nats, p the reference."""
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
 def common_prefix(a: Any, b: Any) -> int:
