@@ -24,12 +24,12 @@ FILLER = ("The rest of this note repeats routine details: the weather was mild, 
 
 
 def _answer(model: Path, tmp_path: Path, *, recall_kv: bool) -> tuple[str, dict]:
-    with MemoryPool(model, n_ctx=8192, resident_agents=1, n_threads=1, prefetch=False, agent_budget_tokens=768,
+    with MemoryPool(model, n_ctx=8192, resident_agents=1, n_threads=1, prefetch=False, agent_budget_tokens=512,
                     eviction="sliding_window", eviction_block=64, recall_embedder="none",
                     archive_path=str(tmp_path / f"kv{int(recall_kv)}.db"), recall_kv=recall_kv) as p:
         msgs = [{"role": "system", "content": "You are a concise assistant. Answer from the conversation."}]
         for i in range(6):
-            msgs += [{"role": "user", "content": f"Note {i + 1}: {FACTS[i % 3]}.\n{FILLER * 3}\n{FILLER * 2}"},
+            msgs += [{"role": "user", "content": f"Note {i + 1}: {FACTS[i % 3]}.\n{FILLER * 2}\n{FILLER}"},
                      {"role": "assistant", "content": f"Noted {i + 1}."}]
         r1 = p.chat("a", msgs, max_tokens=1, temperature=0)
         block = recall_block([t for t, _ in recall_spans(p, "a", "vessel shipment Rotterdam harbor", 2)])
