@@ -1,7 +1,7 @@
 """Recall as KV through the pool: TTFT, answers and next-token KL of calls whose recall block quotes evicted
 lines, with and without `PoolConfig.recall_kv`.
 
-One agent states N distinct facts (8 by default, one distinctive answer word each) in long notes
+One agent states N distinct facts (16 by default, one distinctive answer word each) in long notes
 under a token budget, followed by a few notes without a fact, so every fact's note is evicted
 (with `recall_kv` its cells are captured on the way out). Then it asks about each fact in turn,
 one call per fact: a recall block (`agentmem.tools.recall.recall_spans` / `recall_block`, queried
@@ -67,6 +67,22 @@ FACTS = [
      "In which building's basement is the library archive stored?", "halvorsen"),
     ("the annual picnic will be catered by a bakery called Tamarind",
      "Which bakery will cater the annual picnic?", "tamarind"),
+    ("the night train to the coast departs from platform Juniper at eleven",
+     "From which platform does the night train to the coast depart?", "juniper"),
+    ("the museum's new sculpture was carved by the artist Odile Marchetti",
+     "Which artist carved the museum's new sculpture?", "marchetti"),
+    ("the warehouse cats are fed salmon every morning by the porter Bram",
+     "Which porter feeds the warehouse cats every morning?", "bram"),
+    ("the research grant was awarded to the glacier project named Frostline",
+     "Which glacier project was awarded the research grant?", "frostline"),
+    ("the choir rehearses in the chapel of Saint Wenceslas on Mondays",
+     "In which chapel does the choir rehearse on Mondays?", "wenceslas"),
+    ("the lighthouse keeper's dog is a grey terrier called Pepper",
+     "What is the name of the lighthouse keeper's dog?", "pepper"),
+    ("the spare keys to the boathouse hang behind the portrait of Admiral Quist",
+     "Behind which portrait do the spare keys to the boathouse hang?", "quist"),
+    ("the school fundraiser sold four hundred jars of cloudberry jam",
+     "What kind of jam did the school fundraiser sell?", "cloudberry"),
 ]
 FILLER = ("The rest of this note repeats routine details: the weather was mild, the trains ran on time, "
           "the office coffee machine was cleaned, the weekly report was filed, and nothing else changed. ")

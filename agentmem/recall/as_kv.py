@@ -57,8 +57,8 @@ class SplicePolicy:
     re-prefill gave (1 of 4 against 2 of 4): too few to trust, so such spans stay text
     (`max_tokens`) until a larger run says otherwise. The pool heals more:
     `PoolConfig.recall_kv_heal` is 32, because through the pool
-    (`benchmarks/recall_kv_pool.py`, 16 questions) heal 4 lost 2 answers the re-prefill
-    gave and heal 32 none, at 1.3x instead of 1.5-1.8x. A context that cannot splice
+    (`benchmarks/recall_kv_pool.py`, 48 questions in four runs) heal 4 lost 3 answers the
+    re-prefill gave and heal 32 none, at 1.3x instead of 1.5-1.8x. A context that cannot splice
     (`splice_supported`: a sliding-window model without `swa_full`, or per-sequence
     streams) always prefills.
 
