@@ -136,12 +136,8 @@ def archive_bytes(db: str) -> int:
 
 
 def common_prefix(a: Any, b: Any) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading items (tokens, characters) `a` and `b` share."""
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 def session(model: str, *, recall_kv: bool, n_facts: int, max_tokens: int, inline: bool = False,

@@ -73,6 +73,11 @@ def _token_bytes(tokens: Sequence[int]) -> bytes:
     return arr.astype("<i4").tobytes()
 
 
+def _tokens_of(raw: Any) -> tuple[int, ...]:
+    """The token ids of a stored `tokens` column (int32 little-endian)."""
+    return tuple(np.frombuffer(bytes(raw), dtype="<i4").tolist())
+
+
 class SpanKVMixin(ArchiveCore):
     """Evicted spans' KV cells (part of `Archive`)."""
 
@@ -118,13 +123,10 @@ class SpanKVMixin(ArchiveCore):
                 "pos0 = excluded.pos0, n_tokens = excluded.n_tokens, tokens = excluded.tokens, blob = excluded.blob",
                 [int(span_id), agent_id, model, pos0, len(toks) // 4, toks, raw.tobytes()],
             )
-            if keep is not None:
-                db.execute("DELETE FROM span_kv WHERE agent_id = ? AND model = ? AND span_id IN (SELECT span_id "
-                           "FROM span_kv WHERE agent_id = ? AND model = ? ORDER BY span_id DESC LIMIT -1 OFFSET ?)"
-                           if not self._SHARED_WRITERS else
-                           "DELETE FROM span_kv WHERE agent_id = ? AND model = ? AND span_id IN (SELECT span_id "
-                           "FROM span_kv WHERE agent_id = ? AND model = ? ORDER BY span_id DESC OFFSET ?)",
-                           [agent_id, model, agent_id, model, keep])
+            if keep is not None:  # older than the oldest of the `keep` newest (none dropped while fewer)
+                db.execute("DELETE FROM span_kv WHERE agent_id = ? AND model = ? AND span_id < (SELECT span_id "
+                           "FROM span_kv WHERE agent_id = ? AND model = ? ORDER BY span_id DESC LIMIT 1 OFFSET ?)",
+                           [agent_id, model, agent_id, model, keep - 1])
         return True
 
     def span_kv_tokens(self, agent_id: str, *, model: str) -> _Tokens:
@@ -148,7 +150,7 @@ class SpanKVMixin(ArchiveCore):
                     return hit[1]
             rows = db.execute("SELECT span_id, tokens FROM span_kv WHERE agent_id = ? AND model = ? "
                               "ORDER BY span_id", [agent_id, model]).fetchall()
-        out = [(int(r[0]), tuple(int(t) for t in np.frombuffer(bytes(r[1]), dtype="<i4"))) for r in rows]
+        out = [(int(r[0]), _tokens_of(r[1])) for r in rows]
         if not self._tx_depth:  # rows a rollback may yet undo are not cached
             with lock:
                 cache[key] = (token, out)
@@ -179,6 +181,5 @@ class SpanKVMixin(ArchiveCore):
                              [int(span_id), agent_id, model]).fetchone()
         if row is None:
             return None
-        toks = tuple(int(t) for t in np.frombuffer(bytes(row[1]), dtype="<i4"))
-        return StoredSpanKV(span_id=int(span_id), pos0=int(row[0]), tokens=toks,
+        return StoredSpanKV(span_id=int(span_id), pos0=int(row[0]), tokens=_tokens_of(row[1]),
                             blob=np.frombuffer(bytes(row[2]), dtype=np.uint8).copy())

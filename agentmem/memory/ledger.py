@@ -88,6 +88,15 @@ class Ledger:
     def messages(self) -> np.ndarray:
         return self._view("msg")
 
+    def message_runs(self, hist: np.ndarray) -> list[np.ndarray]:
+        """`hist` (ascending history positions) cut into runs of consecutive positions of one message.
+
+        The rows the archive keeps of evicted text, and the spans recall as KV captures.
+        """
+        msg_of = self._view("msg")[hist]
+        cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msg_of) != 0)) + 1
+        return [run for run in np.split(hist, cuts) if run.size]
+
     def live_tokens(self) -> np.ndarray:
         """Tokens that have KV cells, in KV position order."""
         return self._a["tok"][: self._n][self._a["live"][: self._n]]

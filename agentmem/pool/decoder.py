@@ -88,32 +88,12 @@ class Decoder:
                     start = self._insert_span(a, tokens, kv_plan.pop(0), spans, budget, t)
                     continue
                 chunk = tokens[start : min(start + step, kv_plan[0][0] if kv_plan else n)]
-                if budget and a.ledger.n_live + len(chunk) + 1 > budget:
-                    target = max(0, min(int(budget * core.config.eviction_low), budget - len(chunk) - 1))
-                    t.evict_s += self.trimmer.evict(a, target)
-                pos0 = a.ledger.n_live
-                assert a.seq is not None, f"{a.id=}"
-                if pos0 + len(chunk) >= core.capacity:
-                    raise ContextOverflowError(
-                        f"agent {a.id!r} would hold {pos0 + len(chunk)} tokens; capacity is {core.capacity}"
-                        + (" even after eviction (pinned tokens?)" if budget else ""),
-                        n_tokens=pos0 + n - start,
-                        capacity=core.capacity,
-                    )
-                seq = a.seq
+                pos0, seq = self._room(a, len(chunk), n - start, budget, t)
                 got = self._fitting(a, lambda: ctx.decode_run(seq, chunk, pos0))
                 if got is None:
-                    raise ContextOverflowError(
-                        f"the shared context ({ctx.n_ctx} cells) is full and no idle agent can be parked; "
-                        f"raise n_ctx or lower resident_agents",
-                        n_tokens=pos0 + n - start,
-                        capacity=ctx.n_ctx,
-                    )
+                    raise self._full(pos0 + n - start)
                 idx = got
-                if spans is None:
-                    a.ledger.extend(chunk, None, region="assistant", message=a.n_messages)
-                else:
-                    a.ledger.extend(chunk, spans)
+                self._extend(a, chunk, spans)
                 start += len(chunk)
             if sampler is None:
                 return None
@@ -122,30 +102,49 @@ class Decoder:
     def _insert_span(self, a: AgentState, tokens: Sequence[int], match: tuple[int, int, int, int], spans: Any,
                      budget: int, t: Timings) -> int:
         """Put the stored span `match` (`SpanCapture.plan`'s) into `a`'s sequence; the next start in `tokens`."""
-        core = self.core
         s, e, span_id, lo = match
         span = list(tokens[s:e])
-        if budget and a.ledger.n_live + len(span) + 1 > budget:
-            target = max(0, min(int(budget * core.config.eviction_low), budget - len(span) - 1))
+        pos0, seq = self._room(a, len(span), len(tokens) - s, budget, t)
+        if self._fitting(a, lambda: self.trimmer.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id,
+                                                                lo=lo)) is None:
+            raise self._full(pos0 + len(tokens) - s)
+        self._extend(a, span, spans)
+        return e
+
+    def _room(self, a: AgentState, k: int, left: int, budget: int, t: Timings) -> tuple[int, int]:
+        """Trim `a` to its budget before `k` more tokens (`left` still to come); their first position and the sequence.
+
+        Raises:
+            ContextOverflowError: the agent would exceed the pool's capacity even so.
+        """
+        core = self.core
+        if budget and a.ledger.n_live + k + 1 > budget:
+            target = max(0, min(int(budget * core.config.eviction_low), budget - k - 1))
             t.evict_s += self.trimmer.evict(a, target)
         pos0 = a.ledger.n_live
-        if pos0 + len(span) >= core.capacity:
-            raise ContextOverflowError(f"agent {a.id!r} would hold {pos0 + len(span)} tokens; "
-                                       f"capacity is {core.capacity}", n_tokens=pos0 + len(tokens) - s, capacity=core.capacity)
-        seq = a.seq
-        assert seq is not None, f"{a.id=}"
-        def insert() -> str:
-            return self.trimmer.span_kv.insert(a, seq=seq, pos0=pos0, tokens=span, span_id=span_id, lo=lo)
+        assert a.seq is not None, f"{a.id=}"
+        if pos0 + k >= core.capacity:
+            raise ContextOverflowError(
+                f"agent {a.id!r} would hold {pos0 + k} tokens; capacity is {core.capacity}"
+                + (" even after eviction (pinned tokens?)" if budget else ""),
+                n_tokens=pos0 + left,
+                capacity=core.capacity,
+            )
+        return pos0, a.seq
 
-        if self._fitting(a, insert) is None:
-            raise ContextOverflowError(f"the shared context ({core.ctx.n_ctx} cells) is full and no idle agent can be "
-                                       f"parked; raise n_ctx or lower resident_agents",
-                                       n_tokens=pos0 + len(tokens) - s, capacity=core.ctx.n_ctx)
+    def _full(self, n_tokens: int) -> ContextOverflowError:
+        """The error of a shared context that stays full after every idle agent was parked."""
+        n_ctx = self.core.ctx.n_ctx
+        return ContextOverflowError(f"the shared context ({n_ctx} cells) is full and no idle agent can be parked; "
+                                    f"raise n_ctx or lower resident_agents", n_tokens=n_tokens, capacity=n_ctx)
+
+    @staticmethod
+    def _extend(a: AgentState, toks: Sequence[int], spans: Any) -> None:
+        """Append prompt tokens just put into `a`'s sequence to its ledger (tagged by `spans`, else as the reply's)."""
         if spans is None:
-            a.ledger.extend(span, None, region="assistant", message=a.n_messages)
+            a.ledger.extend(toks, None, region="assistant", message=a.n_messages)
         else:
-            a.ledger.extend(span, spans)
-        return e
+            a.ledger.extend(toks, spans)
 
     def _fitting(self, keep: AgentState, decode: Callable[[], _T]) -> _T | None:
         """`decode()`, parking idle agents while the cache is full; None when nothing is left to park."""

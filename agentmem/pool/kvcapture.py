@@ -136,14 +136,12 @@ class SpanCapture:
         live_idx = np.flatnonzero(led.live)
         out: dict[tuple[int, int], SpanKV] = {}
         for s, e in ranges:
-            hist = live_idx[s:e]
-            msgs = led.messages[hist]
-            cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msgs) != 0)) + 1
-            for off, run in zip(np.concatenate([[0], cuts]), np.split(hist, cuts)):
-                p0 = s + int(off)
+            p0 = s  # live position of each run's first token (the ranges are live positions)
+            for run in led.message_runs(live_idx[s:e]):
                 kv = self._capture_run(a, p0, p0 + run.size, led.tokens[run].tolist())
                 if kv is not None:
                     out[(int(run[0]), int(run[-1]) + 1)] = kv
+                p0 += run.size
         return out
 
     def _capture_run(self, a: AgentState, p0: int, p1: int, tokens: list[int]) -> SpanKV | None:
@@ -248,11 +246,10 @@ class SpanCapture:
         if not is_encoded(blob):
             return blob
         try:
-            out = decode_state(blob)
+            return decode_state(blob)
         except AgentMemError as exc:  # a damaged or hostile row: the text goes in instead
             logger.warning("agent %r: stored span cells do not decode: %s", a.id, exc)
             return None
-        return out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
 
     def stats(self) -> dict[str, int]:
         """A copy of the counters (the splice's with a `kv_` prefix)."""

@@ -64,14 +64,11 @@ class Trimmer:
     def _archive_text(self, a: AgentState, hist: np.ndarray) -> tuple[list[int], list[tuple[int, int, str, str]]]:
         """Evicted text to the recall store, one row per contiguous run of one message; the rows' ids and the rows."""
         led = a.ledger
-        msg_of = led.messages[hist]
-        cuts = np.flatnonzero((np.diff(hist) != 1) | (np.diff(msg_of) != 0)) + 1
         regs = led.regions
         rows = []
-        for run in np.split(hist, cuts):
-            if run.size:
-                text = self.core.model.detokenize(led.tokens[run].tolist())
-                rows.append((int(run[0]), int(run[-1]) + 1, REGIONS[regs[run[0]]], text))
+        for run in led.message_runs(hist):
+            text = self.core.model.detokenize(led.tokens[run].tolist())
+            rows.append((int(run[0]), int(run[-1]) + 1, REGIONS[regs[run[0]]], text))
         ids = self.core.recall.add(a.id, rows) if rows else []  # with their vectors, in one transaction
         counts = np.bincount(regs[hist], minlength=len(REGIONS))
         for i, c in enumerate(counts):
